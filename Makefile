@@ -1,0 +1,28 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Each installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+OUT    ?= out/demo
+
+.PHONY: setup demo test fuzz bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) rl-consistency-analysis/scripts/run_root_cause_analysis.py \
+	    --train examples/hf_train_vs_vllm_rollout/train \
+	    --rollout examples/hf_train_vs_vllm_rollout/rollout \
+	    --out-dir $(OUT)
+
+test: $(STAMP)
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
