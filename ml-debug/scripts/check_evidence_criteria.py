@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Check the evidence-criteria block (P5) in a project's AGENTS.md.
+
+Rules: the block is present with GOAL, OPTIMISING, PERVERSE SATISFACTIONS, EVIDENCE A, EVIDENCE B
+and ELSE in that order, none empty or left as a template placeholder; OPTIMISING is one sentence
+with no symbols; there are 2-3 perverse satisfactions, each naming the metric or arm that exposes
+it; EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
+other than chance and a metric. Exit 0 clean, 1 findings, 2 unreadable input.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+from mldebug_common import Finding, read_text, report, run
+
+TOOL = "check_evidence_criteria"
+KEYS = ("GOAL", "OPTIMISING", "PERVERSE SATISFACTIONS", "EVIDENCE A", "EVIDENCE B", "ELSE")
+KEY_LINE = re.compile(r"^\s*(?:[-*]\s+)?\**(GOAL|OPTIMI[SZ]ING|PERVERSE SATISFACTIONS|EVIDENCE A|"
+                      r"EVIDENCE B|ELSE)\b[^:\n]*:\**\s*(.*)$")
+PLACEHOLDER = re.compile(r"<[^<>]*\s[^<>]*>")
+ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)]|\(\d+\))\s+(.*)$")
+SYMBOLS = re.compile(r"[=$\\^_\u2207\u2202\u2211\u220f\u2248\u2264\u2265\u0370-\u03ff]")
+ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|etc|vs|cf)\.", re.IGNORECASE)
+EXPOSES = re.compile(r"\b(metric|arm|control|placebo|baseline|probe|expose[sd]?|caught|detected|"
+                     r"revealed|shown|shows)\b|->|\u2192", re.IGNORECASE)
+ARMS = ("bare", "treatment", "reversed", "placebo")
+BASELINE = re.compile(r"\bbaseline\b|\b(beats?|outperforms?|vs\.?|versus|against|compared (with|to)|"
+                      r"than)\s+(?:the\s+|a\s+)?(?!chance\b|random\b)\w", re.IGNORECASE)
+METRIC = re.compile(r"\bmetric\b|\bon\s+(?:the\s+)?[\w@/-]+|\b(accuracy|f1|auc|loss|bleu|rouge|"
+                    r"pass@\d+|exact match|win rate|mse|mae|rmse|perplexity|reward|return|score)\b",
+                    re.IGNORECASE)
+
+
+def extract_block(lines: list[str]) -> dict[str, tuple[int, list[str]]]:
+    """Find the block's keys: key -> (line number, value lines), with continuation lines joined.
+
+    A value runs until the next key, a heading, a code fence, or a blank line followed by text that
+    is neither indented nor a list item (the end of the block inside a larger AGENTS.md).
+    """
+    block: dict[str, tuple[int, list[str]]] = {}
+    current: str | None = None
+    for i, text in enumerate(lines):
+        m = KEY_LINE.match(text)
+        if m:
+            key = "OPTIMISING" if m.group(1).startswith("OPTIMI") else m.group(1)
+            if key in block:
+                current = None
+                continue
+            current = key
+            block[key] = (i + 1, [m.group(2)] if m.group(2).strip() else [])
+            continue
+        if current is None:
+            continue
+        stripped = text.strip()
+        if stripped.startswith(("#", "```", "~~~")):
+            current = None
+        elif not stripped:
+            nxt = next((ln for ln in lines[i + 1:] if ln.strip()), "")
+            if nxt and not nxt[0].isspace() and not ITEM.match(nxt) and not KEY_LINE.match(nxt):
+                current = None
+        else:
+            block[current][1].append(text)
+    return block
+
+
+def sentences(text: str) -> list[str]:
+    """Split prose into sentences, ignoring the full stops of common abbreviations."""
+    masked = ABBREVIATIONS.sub(lambda m: m.group(0).replace(".", "\u2024"), text)
+    return [s for s in re.split(r"(?<=[.!?])\s+", masked.strip()) if s.strip()]
+
+
+def check_block(path: str, text: str) -> list[Finding]:
+    """Apply every P5 evidence-criteria rule to one file."""
+    findings: list[Finding] = []
+
+    def add(line: int, rule: str, message: str) -> None:
+        findings.append(Finding(path, line, rule, message))
+
+    block = extract_block(text.splitlines())
+    if not block:
+        add(1, "EC-MISSING", "no evidence-criteria block (GOAL, OPTIMISING, PERVERSE SATISFACTIONS, "
+            "EVIDENCE A, EVIDENCE B, ELSE); copy ml-debug/assets/AGENTS_evidence_block.md")
+        return findings
+    first_line = min(line for line, _ in block.values())
+    for key in KEYS:
+        if key not in block:
+            add(first_line, "EC-KEY-MISSING", f"block lacks '{key}:'")
+    present = [k for k in sorted(block, key=lambda k: block[k][0])]
+    if present != [k for k in KEYS if k in block]:
+        add(first_line, "EC-KEY-ORDER", f"keys must come in the order {', '.join(KEYS)}; found "
+            f"{', '.join(present)}")
+    values = {}
+    for key, (line, value_lines) in block.items():
+        value = " ".join(v.strip() for v in value_lines).strip()
+        values[key] = value
+        if not value:
+            add(line, "EC-EMPTY", f"'{key}' is empty")
+        elif PLACEHOLDER.search(value):
+            add(line, "EC-PLACEHOLDER", f"'{key}' still holds template text "
+                f"'{PLACEHOLDER.search(value).group(0)[:60]}'")
+    if values.get("OPTIMISING") and not PLACEHOLDER.search(values["OPTIMISING"]):
+        line = block["OPTIMISING"][0]
+        if len(sentences(values["OPTIMISING"])) > 1:
+            add(line, "EC-OPTIMISING-SENTENCE", "OPTIMISING must be one sentence")
+        sym = SYMBOLS.search(values["OPTIMISING"])
+        if sym:
+            add(line, "EC-OPTIMISING-SYMBOLS", f"OPTIMISING must use plain words, no symbols "
+                f"(found '{sym.group(0)}')")
+    if "PERVERSE SATISFACTIONS" in block and values["PERVERSE SATISFACTIONS"] and not \
+            PLACEHOLDER.search(values["PERVERSE SATISFACTIONS"]):
+        check_perverse(block["PERVERSE SATISFACTIONS"], add)
+    if values.get("EVIDENCE A") and not PLACEHOLDER.search(values["EVIDENCE A"]):
+        missing = [a for a in ARMS if not re.search(rf"\b{a}\b", values["EVIDENCE A"], re.IGNORECASE)]
+        if missing:
+            add(block["EVIDENCE A"][0], "EC-ARMS", f"EVIDENCE A must name its arms; missing: "
+                f"{', '.join(missing)}")
+    if values.get("EVIDENCE B") and not PLACEHOLDER.search(values["EVIDENCE B"]):
+        line, value = block["EVIDENCE B"][0], values["EVIDENCE B"]
+        if not BASELINE.search(value):
+            add(line, "EC-BASELINE", "EVIDENCE B must name a baseline to beat (chance alone is not one)")
+        if not METRIC.search(value):
+            add(line, "EC-METRIC", "EVIDENCE B must name the metric, e.g. 'beats X on exact match'")
+    return findings
+
+
+def check_perverse(entry: tuple[int, list[str]], add) -> None:
+    """2-3 perverse satisfactions, each as a list item naming the metric or arm that exposes it."""
+    line, value_lines = entry
+    items: list[str] = []
+    for text in value_lines:
+        m = ITEM.match(text)
+        if m:
+            items.append(m.group(1))
+        elif items:
+            items[-1] += " " + text.strip()
+    if not items:
+        add(line, "EC-PERVERSE-COUNT", "write each perverse satisfaction as a list item ('- ...')")
+        return
+    if not 2 <= len(items) <= 3:
+        add(line, "EC-PERVERSE-COUNT", f"{len(items)} perverse satisfaction(s); write 2-3")
+    for n, item in enumerate(items, 1):
+        if not EXPOSES.search(item):
+            add(line, "EC-PERVERSE-EXPOSE", f"perverse satisfaction {n} does not name the metric or "
+                "arm that would expose it")
+
+
+def main() -> int:
+    """Parse arguments, check each file, print the report and return the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="check_evidence_criteria.py", description=__doc__.split("\n\n")[0],
+        epilog="Template: ml-debug/assets/AGENTS_evidence_block.md. Exit 0 clean, 1 findings, "
+               "2 unreadable input.")
+    parser.add_argument("files", nargs="+", metavar="AGENTS.md", help="file(s) holding the block")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    args = parser.parse_args()
+    findings: list[Finding] = []
+    for path in args.files:
+        findings += check_block(path, read_text(path))
+    return report(TOOL, args.files, findings, args.json)
+
+
+if __name__ == "__main__":
+    run(TOOL, main)
