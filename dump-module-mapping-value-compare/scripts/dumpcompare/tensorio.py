@@ -291,11 +291,14 @@ def _single_tensor(obj) -> _TensorRef:
 
 
 def _to_host_dtype(values: np.ndarray, dtype: _DType) -> np.ndarray:
+    # In-place and astype operations keep 0-d arrays arrays; operators would make numpy scalars.
     if dtype.name == "bfloat16":
         # bf16 is the upper half of a float32, so shifting the bits back widens it exactly.
-        return (values.astype(np.uint32) << 16).view(np.float32)
+        wide = values.astype(np.uint32)
+        wide <<= 16
+        return wide.view(np.float32)
     if dtype.name == "bool":
-        return values.view(np.uint8) != 0  # a hostile byte like 0x02 must still read as True
+        return values.view(np.uint8).astype(bool)  # any nonzero byte reads as True, as in torch
     return values
 
 
