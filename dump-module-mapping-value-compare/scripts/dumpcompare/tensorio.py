@@ -331,8 +331,6 @@ def _read_guarded(path, on_npy, on_pt):
         with zipfile.ZipFile(path) as zf:
             archive = _PtArchive(zf, path.stat().st_size)
             return on_pt(archive, _single_tensor(archive.top_object()))
-    except TensorReadError:
-        raise
     except Exception as exc:  # a corrupt or hostile file may fail anywhere; callers get one type
         raise TensorReadError(path, _describe(exc)) from exc
 
@@ -344,8 +342,8 @@ def load_tensor(path: Path, mmap: bool = False) -> np.ndarray:
     from the file and come back as a new C-contiguous array of the stored dtype, except bfloat16,
     which is widened exactly to float32 (see ``source_dtype``). A file holding a flat list or dict
     of tensors yields its first tensor. ``.npy`` files are loaded with pickles disabled; only
-    bool/int/uint/float/complex dtypes are accepted. ``mmap`` memory-maps ``.npy`` files read-only;
-    ``.pt`` files are always read into memory.
+    bool/int/uint/float/complex dtypes are accepted. ``mmap`` memory-maps ``.npy`` files read-only
+    (a big-endian one is still converted in memory); ``.pt`` files are always read into memory.
 
     Raises TensorReadError (one line naming the file) for anything unreadable, corrupt or unsafe.
     """

@@ -1,0 +1,133 @@
+"""Command line: load -> name -> map -> compare -> analyse -> write output_1 .. output_4."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import documents as D
+from .analysis import analyse
+from .compare import Executor, SideView, load_tolerances
+from .errors import InputError
+from .loaders import load_side
+from .mapping import build_plan
+from .naming import Namer, load_profiles, name_side
+from .outputs import write_csv, write_json, write_atomic
+
+FAMILIES = ("hf", "vllm", "sglang", "megatron")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Argument parser of run_compare.py (also used by the root-cause skill's pass-through)."""
+    ap = argparse.ArgumentParser(
+        prog="run_compare.py",
+        description="Map modules of a train dump and a rollout dump (msprobe dump.json, or the generic "
+                    "JSON format) across engines, compare their values and rank divergences. Writes "
+                    "output_1_key_mapping.* .. output_4_module_analysis.* into --out-dir.",
+        epilog="Exit codes: 0 the comparison ran (with or without findings); 2 bad usage or unreadable "
+               "input; 1 internal error.")
+    ap.add_argument("--train", required=True, help="train-side dump.json, or a folder holding one")
+    ap.add_argument("--rollout", required=True, help="rollout-side dump.json, or a folder holding one")
+    ap.add_argument("--out-dir", required=True, help="folder for the outputs (created if missing)")
+    for side in ("train", "rollout"):
+        ap.add_argument(f"--{side}-step", help=f"step folder to use when --{side} holds several (e.g. 0 or step0)")
+        ap.add_argument(f"--{side}-rank", help=f"rank folder to use when --{side} holds several (e.g. 0, rank0, proc123)")
+        ap.add_argument(f"--{side}-family", choices=FAMILIES, help=f"engine family of the {side} side (default: detected)")
+    ap.add_argument("--naming", help="YAML file extending or overriding the built-in naming profiles")
+    ap.add_argument("--tolerances", help="YAML file overriding the dtype tolerances")
+    ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
+    ap.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return ap
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the whole pipeline; returns the output_4 document."""
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out-dir exists and is not a folder")
+    namer = Namer(load_profiles(args.naming))
+    tolerances = load_tolerances(args.tolerances)
+    dumps = {s: load_side(getattr(args, s), s, getattr(args, f"{s}_step"), getattr(args, f"{s}_rank"))
+             for s in ("train", "rollout")}
+    fams, recs = {}, {}
+    for s, d in dumps.items():
+        fams[s], recs[s] = name_side(d, s, namer, getattr(args, f"{s}_family"))
+    plan = build_plan(recs["train"], recs["rollout"], namer)
+    views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
+                         [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
+    results = Executor(views["train"], views["rollout"], tolerances,
+                       use_tensors=not args.statistics_only).run(plan.comparisons)
+    verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
+    mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
+
+    sources = {s: D.source_info(dumps[s], fams[s]) for s in dumps}
+    partial = any(v["partial"] for v in sources.values())
+    out.mkdir(parents=True, exist_ok=True)
+    doc1, (h1, r1) = D.output_1(sources, recs)
+    doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
+    doc3, (h3, r3) = D.output_3(results, tolerances, mode)
+    comp = D.comparability(results, doc2["summary"])
+    doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
+    for doc in (doc1, doc2, doc3, doc4):
+        doc["partial"] = partial
+    write_json(out / "output_1_key_mapping.json", doc1)
+    write_csv(out / "output_1_key_mapping.csv", h1, r1)
+    write_json(out / "output_2_mapping.json", doc2)
+    write_csv(out / "output_2_mapping.csv", h2, r2)
+    write_json(out / "output_3_value_compare.json", doc3)
+    write_csv(out / "output_3_value_compare.csv", h3, r3)
+    write_json(out / "output_4_module_analysis.json", doc4)
+    write_atomic(out / "output_4_module_analysis.md", md4)
+    if not args.quiet:
+        _summary(doc2["summary"], doc4, sources, mode, out)
+    return doc4
+
+
+def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
+    p = print
+    p(f"train:   {sources['train']['path']} ({sources['train']['family']}, {s['train_modules']} forward modules)")
+    p(f"rollout: {sources['rollout']['path']} ({sources['rollout']['family']}, {s['rollout_modules']} forward modules)")
+    for side in ("train", "rollout"):
+        sal = sources[side]["salvage"]
+        if sal:
+            p(f"PARTIAL {side}: {sal['reason']} at byte {sal['byte_offset']}; "
+              f"{sal['entries_recovered']} entries recovered (last: {sal['last_complete_key']})")
+    p(f"mapping: {s['pairs']} pairs {s['pairs_by_kind']}; coverage train {s['mapped_train_modules']}/"
+      f"{s['train_modules']}, rollout {s['mapped_rollout_modules']}/{s['rollout_modules']}; "
+      f"one-sided train {s['train_only']} ({s['train_only_unexpected']} unexpected), "
+      f"rollout {s['rollout_only']} ({s['rollout_only_unexpected']} unexpected)")
+    p(f"compare ({mode}): {s['comparisons']} tensors compared")
+    if not doc4["comparability"]["comparable"]:
+        p("WARNING not comparable: " + "; ".join(doc4["comparability"]["reasons"]))
+    fd = doc4["first_divergence"]
+    if fd["pair"]:
+        p(f"first divergence: {', '.join(fd['train_modules'])} (train) <-> {', '.join(fd['rollout_modules'])} "
+          f"(rollout): {fd['status']}, tensor {fd['point']}")
+    else:
+        p("first divergence: none (all compared outputs agree within tolerance)")
+    top = [m for m in doc4["modules"] if m["module_priority_rank"] <= 2]
+    for m in top[:5]:
+        p(f"  rank {m['module_priority_rank']}: {', '.join(m['train_modules'])} <-> "
+          f"{', '.join(m['rollout_modules'])}: {m['status']} ({m['rank_reason']})")
+    p(f"outputs: {out}/output_1_key_mapping.json .. output_4_module_analysis.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one line for agents; DUMPCOMPARE_DEBUG=1 for the traceback
+        import os
+        if os.environ.get("DUMPCOMPARE_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+              f"(set DUMPCOMPARE_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+    return 0

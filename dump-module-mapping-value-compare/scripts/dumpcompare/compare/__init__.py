@@ -1,0 +1,332 @@
+"""Execute the comparison plan (output_2 ``comparisons``) into result records (output_3)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..errors import InputError
+from ..mapping import Carrier, PointPlan
+from ..records import Dump, Leaf
+from . import tensors as T
+from .stats import Stats, combine, nonfinite_one_side, stat_errors
+
+_TOL_FILE = Path(__file__).with_name("tolerances.yaml")
+SEVERITY = {"match": 0, "drift": 1, "mismatch": 2, "nonfinite": 3}
+
+
+@dataclass
+class SideView:
+    """What the executor needs from one side: its dump (for tensor files), leaves, family."""
+    dump: Dump
+    family: str
+    leaves: list[dict[str, Leaf]]     # per record index: leaf name -> Leaf
+    paths: list[str]
+    keys: list[str]
+
+
+@dataclass
+class Result:
+    """One executed comparison (an output_3 row)."""
+    cid: str
+    point: str
+    kind: str
+    axis: str
+    mode: str                          # statistics | tensor
+    status: str                        # match | drift | mismatch | nonfinite | incomparable | structural
+    error: float | None
+    tolerance: float | None
+    strict_tolerance: float | None
+    train: dict[str, Any]
+    rollout: dict[str, Any]
+    stat_errors: dict[str, Any] = field(default_factory=dict)
+    tensor_metrics: dict[str, Any] | None = None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+    dtype_differs: bool = False
+
+
+def load_tolerances(user_file: str | None = None) -> dict:
+    """Built-in tolerances, with a user YAML merged over them (safe loader only)."""
+    tol = yaml.safe_load(_TOL_FILE.read_text(encoding="utf-8"))
+    if user_file:
+        try:
+            extra = yaml.safe_load(Path(user_file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise InputError(f"{user_file}: cannot read tolerances ({' '.join(str(exc).split())})") from None
+        if not isinstance(extra, dict):
+            raise InputError(f"{user_file}: tolerances must be a YAML mapping")
+        for section in ("statistics", "tensor"):
+            if isinstance(extra.get(section), dict):
+                for k, v in extra[section].items():
+                    if isinstance(v, dict) and isinstance(tol[section].get(k), dict):
+                        tol[section][k].update(v)
+                    else:
+                        tol[section][k] = v
+    return tol
+
+
+def dtype_key(dtype: str | None) -> str:
+    """'torch.bfloat16' -> 'bfloat16'; integer and unknown dtypes map to their own names."""
+    if not dtype:
+        return "default"
+    d = dtype.replace("torch.", "").lower()
+    return {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16"}.get(d, d)
+
+
+def is_int_dtype(dtype: str | None) -> bool:
+    """True for integer and boolean dtypes (their statistics compare exactly)."""
+    d = dtype_key(dtype)
+    return d.startswith(("int", "uint", "bool", "long"))
+
+
+def _tol(table: dict, dtype: str | None):
+    return table.get(dtype_key(dtype), table.get("default"))
+
+
+def pair_tolerances(table: dict, dt: str | None, dr: str | None) -> tuple[float, float]:
+    """(pair tolerance = looser, strict tolerance = tighter) for two dtypes."""
+    a, b = _tol(table, dt), _tol(table, dr)
+    return max(a, b), min(a, b)
+
+
+def _leaf(view: SideView, c: Carrier) -> Leaf | None:
+    return view.leaves[c.rec].get(c.leaf)
+
+
+def _stats(leaf: Leaf) -> Stats:
+    return Stats(leaf.max, leaf.min, leaf.mean, leaf.norm, leaf.numel, leaf.dtype, is_int_dtype(leaf.dtype))
+
+
+def _describe(view: SideView, carriers: list[Carrier], leaves: list[Leaf | None]) -> dict:
+    return {
+        "modules": [view.paths[c.rec] for c in carriers],
+        "keys": [view.keys[c.rec] for c in carriers],
+        "leaves": [c.leaf for c in carriers],
+        "dtypes": [lf.dtype if lf else None for lf in leaves],
+        "shapes": [list(lf.shape) if lf and lf.shape is not None else None for lf in leaves],
+    }
+
+
+def _stats_dict(s: Stats) -> dict:
+    return {"max": s.max, "min": s.min, "mean": s.mean, "norm": s.norm, "numel": s.numel}
+
+
+class Executor:
+    """Runs planned comparisons with the tolerances and tensor access of both sides."""
+
+    def __init__(self, train: SideView, rollout: SideView, tolerances: dict, use_tensors: bool = True):
+        self.t, self.r, self.tol = train, rollout, tolerances
+        self.use_tensors = use_tensors
+        self._tensor_notes: dict[str, str] = {}
+
+    def run(self, plans: list[PointPlan]) -> list[Result]:
+        """Execute every plan, in plan order."""
+        return [self.run_one(p) for p in plans]
+
+    def run_one(self, plan: PointPlan) -> Result:
+        """Execute one planned comparison."""
+        tl = [_leaf(self.t, c) for c in plan.train]
+        rl = [_leaf(self.r, c) for c in plan.rollout]
+        res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
+                     _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl))
+        if any(lf is None for lf in tl + rl):
+            res.reason = "a planned leaf is missing from the dump"
+            return res
+        ts, rs = combine([_stats(x) for x in tl]), combine([_stats(x) for x in rl])
+        res.train["stats"], res.rollout["stats"] = _stats_dict(ts), _stats_dict(rs)
+        dt, dr = tl[0].dtype, rl[0].dtype
+        res.dtype_differs = dtype_key(dt) != dtype_key(dr)
+        if is_int_dtype(dt) != is_int_dtype(dr):
+            res.reason = f"dtype conflict: {dt} vs {dr}"
+            return res
+        tensors = self._tensors(plan, tl, rl, res) if self.use_tensors else None
+        if tensors is not None:
+            self._judge_tensor(plan, res, tensors, dt, dr)
+        else:
+            self._judge_stats(plan, res, ts, rs, dt, dr)
+        return res
+
+    # -- statistics ---------------------------------------------------------------------
+    def _judge_stats(self, plan, res: Result, ts: Stats, rs: Stats, dt, dr) -> None:
+        tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
+        res.tolerance, res.strict_tolerance = tol, strict
+        if ts.numel is not None and rs.numel is not None and ts.numel != rs.numel:
+            self._size_conflict(plan, res, ts, rs)
+            return
+        res.stat_errors = stat_errors(ts, rs)
+        if nonfinite_one_side(ts, rs):
+            res.status, res.error = "nonfinite", math.inf
+            res.reason = "NaN/Inf on one side only"
+            return
+        err = res.stat_errors.get("scaled_error")
+        if err is None:
+            res.reason = "no statistics to compare (empty, fake or checksum-only tensor)"
+            if ts.numel == 0 and rs.numel == 0:
+                res.status, res.error, res.reason = "match", 0.0, "both tensors are empty"
+            return
+        res.error = err
+        res.status = _grade(err, tol, strict)
+
+    def _size_conflict(self, plan, res: Result, ts: Stats, rs: Stats) -> None:
+        big, small = max(ts.numel, rs.numel), min(ts.numel, rs.numel)
+        tshape, rshape = res.train["shapes"], res.rollout["shapes"]
+        if small and big % small == 0 and 2 <= big // small <= 256 and plan.kind == "direct":
+            res.status = "structural"
+            res.reason = (f"tp_shard: one side holds 1/{big // small} of the other's elements "
+                          f"({tshape} vs {rshape}); gather the shards before comparing")
+            return
+        if _vocab_padded(tshape, rshape):
+            res.status = "structural"
+            res.reason = f"padded_vocab: vocabulary rows padded on one side ({tshape} vs {rshape})"
+            res.stat_errors = {"norm_rel": abs(ts.norm - rs.norm) / max(ts.norm, rs.norm)
+                               if ts.norm and rs.norm else None}
+            return
+        res.reason = f"shape conflict: {ts.numel} vs {rs.numel} elements ({tshape} vs {rshape})"
+
+    # -- tensors --------------------------------------------------------------------------
+    def _tensors(self, plan, tl, rl, res: Result):
+        from .. import tensorio
+        out = []
+        for view, leaves, carriers in ((self.t, tl, plan.train), (self.r, rl, plan.rollout)):
+            arrs = []
+            for lf in leaves:
+                if not lf.data_name:
+                    return None
+                try:
+                    path = tensorio.resolve_data_file(view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir)
+                    arrs.append(tensorio.load_tensor(path))
+                except tensorio.TensorReadError as exc:
+                    res.notes.append(f"tensor unavailable, statistics used instead: {exc}")
+                    return None
+            out.append(arrs)
+        return out
+
+    def _judge_tensor(self, plan, res: Result, tensors, dt, dr) -> None:
+        tarrs, rarrs = tensors
+        res.mode = "tensor"
+        tol, strict = pair_tolerances(self.tol["tensor"]["rel_l2"], dt, dr)
+        el = self.tol["tensor"]["elementwise"]
+        elt = max((_tol(el, dt), _tol(el, dr)), key=lambda d: d["rtol"])
+        res.tolerance, res.strict_tolerance = tol, strict
+        try:
+            t, r, note = self._assemble(plan, tarrs, rarrs)
+        except ValueError as exc:
+            res.reason = str(exc)
+            if len(tarrs) == len(rarrs) == 1 and _vocab_padded(res.train["shapes"], res.rollout["shapes"]):
+                t, r = _trim_vocab(tarrs[0], rarrs[0])
+                note = "padded vocabulary rows trimmed before comparing"
+                res.reason = None
+            else:
+                return
+        if note:
+            res.notes.append(note)
+        res.train["stats"] = dict(zip(("max", "min", "mean", "norm"), T.stats_of(t)), numel=int(t.size))
+        res.rollout["stats"] = dict(zip(("max", "min", "mean", "norm"), T.stats_of(r)), numel=int(r.size))
+        fin_t, fin_r = np.isfinite(t), np.isfinite(r)
+        if (fin_t != fin_r).any():
+            res.status, res.error, res.reason = "nonfinite", math.inf, "NaN/Inf on one side only"
+            return
+        m = T.metrics(np.where(fin_t, t, 0.0), np.where(fin_r, r, 0.0), elt["rtol"], elt["atol"])
+        res.tensor_metrics = m
+        res.error = m["rel_l2"]
+        res.status = _grade(m["rel_l2"], tol, strict)
+        if res.status == "mismatch":
+            perm = T.same_multiset(t, r, elt["rtol"], elt["atol"])
+            m["multiset_equal"] = perm
+            if perm and (plan.train_layout or plan.rollout_layout):
+                res.status = "structural"
+                res.reason = (f"values equal as a multiset, order differs by design "
+                              f"({plan.train_layout or plan.rollout_layout})")
+
+    def _assemble(self, plan, tarrs, rarrs):
+        cat_axis = 0 if plan.axis == "rows" else -1
+        tf, rf = self.t.family, self.r.family
+        if plan.axis == "features":
+            tarrs = [T.as_tokens(a, tf) for a in tarrs]
+            rarrs = [T.as_tokens(a, rf) for a in rarrs]
+        t = np.concatenate(tarrs, axis=cat_axis) if len(tarrs) > 1 else tarrs[0]
+        r = np.concatenate(rarrs, axis=cat_axis) if len(rarrs) > 1 else rarrs[0]
+        grouped = plan.train_layout or plan.rollout_layout
+        if grouped == "megatron_grouped_qkv" and plan.kind == "composite":
+            parts, fused_is_train = (rarrs, True) if len(tarrs) == 1 else (tarrs, False)
+            fused = t if fused_is_train else r
+            best = _best_regroup(fused, parts, cat_axis)
+            if best is not None:
+                regrouped, hd = best
+                t, r = (fused, regrouped) if fused_is_train else (regrouped, fused)
+                return (*T.align(t, r, "vllm", "vllm", plan.axis)[:2],
+                        f"parts regrouped to the Megatron per-group qkv layout (head_dim={hd})")
+        fam_t = "vllm" if plan.axis == "features" else tf
+        fam_r = "vllm" if plan.axis == "features" else rf
+        return T.align(t, r, fam_t, fam_r, plan.axis)
+
+
+def _grade(err: float, tol: float, strict: float) -> str:
+    if err is None:
+        return "incomparable"
+    if not math.isfinite(err) or err > tol:
+        return "mismatch"
+    if err > strict:
+        return "drift"
+    return "match"
+
+
+def _vocab_padded(tshape, rshape) -> bool:
+    """Same shape except one dimension that is larger on one side, padded to a multiple of 64."""
+    if not tshape or not rshape or len(tshape) != 1 or len(rshape) != 1:
+        return False
+    a, b = tshape[0], rshape[0]
+    if a is None or b is None or len(a) != len(b):
+        return False
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diff) != 1:
+        return False
+    i = diff[0]
+    big, small = max(a[i], b[i]), min(a[i], b[i])
+    return big % 64 == 0 and big - small < 64 * 8 and (i == 0 or i == len(a) - 1)
+
+
+def _trim_vocab(t: np.ndarray, r: np.ndarray):
+    axis = next(i for i, (x, y) in enumerate(zip(t.shape, r.shape)) if x != y)
+    n = min(t.shape[axis], r.shape[axis])
+    return np.take(t, range(n), axis=axis).astype(np.float64), np.take(r, range(n), axis=axis).astype(np.float64)
+
+
+def _best_regroup(fused: np.ndarray, parts: list[np.ndarray], axis: int):
+    """Lay [q, k, v] out per query group as Megatron does, trying plausible head sizes."""
+    if len(parts) != 3:
+        return None
+    q, k, v = parts
+    ksz = k.shape[axis]
+    best = None
+    for hd in sorted({d for d in range(1, ksz + 1) if ksz % d == 0}, reverse=True):
+        groups = ksz // hd
+        if q.shape[axis] % (groups * hd):
+            continue
+        try:
+            rg = _regroup(q, k, v, groups, axis)
+        except ValueError:
+            continue
+        if rg.shape != fused.shape:
+            continue
+        err = float(np.linalg.norm(rg - fused))
+        if best is None or err < best[0]:
+            best = (err, rg, hd)
+        if err == 0.0:
+            break
+    return None if best is None else (best[1], best[2])
+
+
+def _regroup(q, k, v, groups: int, axis: int) -> np.ndarray:
+    qa, ka, va = (np.moveaxis(x, axis, 0) for x in (q, k, v))
+    rest = qa.shape[1:]
+    qg = qa.reshape(groups, -1, *rest)
+    kg = ka.reshape(groups, -1, *rest)
+    vg = va.reshape(groups, -1, *rest)
+    out = np.concatenate([qg, kg, vg], axis=1).reshape(-1, *rest)
+    return np.moveaxis(out, 0, axis)

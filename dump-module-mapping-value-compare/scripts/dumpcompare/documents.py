@@ -1,0 +1,184 @@
+"""Build the four output documents (plain dicts and table rows) from the pipeline's records."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict
+
+from .analysis import ModuleVerdict
+from .compare import Result
+from .mapping import MappingPlan
+from .naming import ModuleRecord
+from .outputs import fmt
+from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
+
+
+def source_info(dump: Dump, family: str) -> dict:
+    """What was read for one side, including salvage and notes (marks partial analyses)."""
+    sal = dump.salvage
+    return {
+        "path": str(dump.path), "format": dump.fmt, "task": dump.task, "level": dump.level,
+        "framework": dump.framework, "family": family, "entries": len(dump.entries),
+        "partial": sal is not None,
+        "salvage": None if sal is None else {
+            "byte_offset": sal.byte_offset, "last_complete_key": sal.last_complete_key,
+            "entries_recovered": sal.entries_recovered, "reason": sal.reason},
+        "skipped_keys": dump.skipped_keys[:50], "skipped_key_count": len(dump.skipped_keys),
+        "notes": dump.notes,
+    }
+
+
+def record_row(r: ModuleRecord) -> dict:
+    """output_1 record of one entry."""
+    return {
+        "index": r.index, "key": r.key, "kind": r.kind, "direction": r.direction, "path": r.path,
+        "raw_path": r.raw_path, "class": r.cls, "call": r.call, "layer": r.layer, "block": r.block,
+        "role": r.role, "family": r.family, "fused_parts": r.parts, "is_wrapper": r.is_wrapper,
+        "explained": r.role is not None or r.kind == "api",
+        "ports": [{"leaf": p.leaf, "point": p.point, "io": p.io} for p in r.ports],
+    }
+
+
+def output_1(sources: dict, recs: dict[str, list[ModuleRecord]]) -> tuple[dict, list]:
+    """Key mapping: every entry of each side, parsed and normalised."""
+    doc = {"sources": sources}
+    rows = []
+    for side, rs in recs.items():
+        doc[side] = [record_row(r) for r in rs]
+        doc[f"{side}_unexplained"] = [r.key for r in rs if r.role is None and r.kind == "module"]
+        doc[f"{side}_counts"] = dict(Counter(f"{r.kind}:{r.direction}" for r in rs))
+        for r in rs:
+            rows.append([side, r.index, r.key, r.kind, r.direction, r.path, r.cls, r.call, r.layer,
+                         r.block, r.role or "", r.family, r.parts, r.is_wrapper])
+    header = ["side", "index", "key", "kind", "direction", "path", "class", "call", "layer", "block",
+              "role", "family", "fused_parts", "is_wrapper"]
+    return doc, [header, rows]
+
+
+def _count(rs: list[ModuleRecord], direction: str) -> int:
+    return sum(1 for r in rs if r.kind == "module" and r.direction == direction)
+
+
+def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleRecord]) -> tuple[dict, list]:
+    """Mapping plan: pairs, one-sided modules, planned comparisons and the required summary."""
+    recs = {"train": train, "rollout": rollout}
+    fwd = {s: [r for r in rs if r.kind == "module" and r.direction == FORWARD] for s, rs in recs.items()}
+    mapped = {"train": {i for p in plan.pairs for i in p.train},
+              "rollout": {i for p in plan.pairs for i in p.rollout}}
+    one = {s: [o for o in plan.one_sided if o.side == s] for s in recs}
+    summary = {
+        "train_modules": len(fwd["train"]), "rollout_modules": len(fwd["rollout"]),
+        "mapped_train_modules": len(mapped["train"]), "mapped_rollout_modules": len(mapped["rollout"]),
+        "train_only": len(one["train"]), "rollout_only": len(one["rollout"]),
+        "train_only_unexpected": sum(1 for o in one["train"] if not o.expected),
+        "rollout_only_unexpected": sum(1 for o in one["rollout"] if not o.expected),
+        "pairs": len(plan.pairs), "pairs_by_kind": dict(Counter(p.kind for p in plan.pairs)),
+        "comparisons": len(plan.comparisons),
+        "train_coverage": len(mapped["train"]) / max(1, len(fwd["train"])),
+        "backward_entries": {s: _count(rs, BACKWARD) for s, rs in recs.items()},
+        "parameters_grad_entries": {s: _count(rs, PARAM_GRAD) for s, rs in recs.items()},
+        "api_entries": {s: sum(1 for r in rs if r.kind == "api") for s, rs in recs.items()},
+    }
+    pairs = [{"pair_id": p.pid, "kind": p.kind, "layer": p.layer, "block": p.block, "role": p.role,
+              "train_modules": [train[i].path for i in p.train],
+              "rollout_modules": [rollout[i].path for i in p.rollout],
+              "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
+              "note": p.note, "points": p.points} for p in plan.pairs]
+    one_sided = []
+    for o in plan.one_sided:
+        r = recs[o.side][o.rec]
+        one_sided.append({"side": o.side, "module": r.path, "key": r.key, "class": r.cls, "layer": r.layer,
+                          "block": r.block, "role": r.role, "index": r.index, "expected": o.expected,
+                          "reason": o.reason, "activation_like": o.activation_like,
+                          "before_pair": o.before_pair, "after_pair": o.after_pair,
+                          "points": {io: [p.point for p in r.ports if p.io == io] for io in ("in", "out", "param")}})
+    comps = [{"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
+              "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
+              "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf} for x in c.rollout],
+              "train_layout": c.train_layout, "rollout_layout": c.rollout_layout} for c in plan.comparisons]
+    doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided, "comparisons": comps,
+           "unmatched_points": plan.unmatched_points}
+    header = ["pair_id", "kind", "layer", "block", "role", "train_modules", "rollout_modules", "expected", "note"]
+    rows = [[p["pair_id"], p["kind"], p["layer"], p["block"], p["role"], p["train_modules"],
+             p["rollout_modules"], "", p["note"] or ""] for p in pairs]
+    rows += [["", f"{o['side']}_only", o["layer"], o["block"], o["role"],
+              o["module"] if o["side"] == "train" else "", o["module"] if o["side"] == "rollout" else "",
+              o["expected"], o["reason"]] for o in one_sided]
+    return doc, [header, rows]
+
+
+def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, list]:
+    """Value comparison: one record per executed comparison."""
+    doc = {"mode": mode, "tolerances": tolerances,
+           "summary": dict(Counter(r.status for r in results)),
+           "results": [asdict(r) for r in results]}
+    header = ["cid", "point", "kind", "mode", "status", "error", "tolerance", "train_modules", "rollout_modules",
+              "train_dtype", "rollout_dtype", "train_shape", "rollout_shape", "max_diff", "min_diff", "mean_diff",
+              "norm_diff", "norm_rel", "cosine", "rel_l2", "max_abs", "frac_within_tol", "first_token_past_tol",
+              "reason"]
+    rows = []
+    for r in results:
+        se, tm = r.stat_errors or {}, r.tensor_metrics or {}
+        rows.append([r.cid, r.point, r.kind, r.mode, r.status, r.error, r.tolerance, r.train["modules"],
+                     r.rollout["modules"], r.train["dtypes"], r.rollout["dtypes"], r.train["shapes"],
+                     r.rollout["shapes"], se.get("max_diff"), se.get("min_diff"), se.get("mean_diff"),
+                     se.get("norm_diff"), se.get("norm_rel"), tm.get("cosine"), tm.get("rel_l2"),
+                     tm.get("max_abs"), tm.get("frac_within_tol"), tm.get("first_token_past_tol"),
+                     r.reason or ";".join(r.notes)])
+    return doc, [header, rows]
+
+
+def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, results: list[Result],
+             recs: dict[str, list[ModuleRecord]], partial: bool, comparability: dict) -> tuple[dict, str]:
+    """Module analysis: verdicts in train order, first divergence, one-sided module point statuses."""
+    by_point = {r.point: r for r in results}
+    one_sided = []
+    for o in plan.one_sided:
+        r = recs[o.side][o.rec]
+        pts = {io: [{"point": p.point, "cid": by_point[p.point].cid if p.point in by_point else None,
+                     "status": by_point[p.point].status if p.point in by_point else "not_compared"}
+                    for p in r.ports if p.io == io] for io in ("in", "out", "param")}
+        one_sided.append({"side": o.side, "module": r.path, "class": r.cls, "layer": r.layer, "index": r.index,
+                          "expected": o.expected, "activation_like": o.activation_like,
+                          "before_pair": o.before_pair, "after_pair": o.after_pair, "points": pts})
+    doc = {"partial": partial, "comparability": comparability, "first_divergence": first,
+           "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
+                       "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
+           "modules": [asdict(v) for v in verdicts], "one_sided": one_sided}
+    return doc, _markdown_4(verdicts, first, partial, comparability)
+
+
+def _markdown_4(verdicts, first, partial, comparability) -> str:
+    lines = ["# Module analysis (output_4)", ""]
+    if partial:
+        lines += ["**Partial analysis**: at least one dump was damaged; see output_1 `sources`.", ""]
+    if not comparability.get("comparable", True):
+        lines += ["**The two dumps may not be comparable:** " + "; ".join(comparability["reasons"]), ""]
+    if first.get("pair"):
+        lines += [f"First divergence: `{', '.join(first['train_modules'])}` (train) / "
+                  f"`{', '.join(first['rollout_modules'])}` (rollout), status {first['status']}, "
+                  f"first diverging tensor `{first['point']}`.", ""]
+    else:
+        lines += ["No module output differs beyond tolerance.", ""]
+    lines += ["| rank | pair | layer | train module | rollout module | in | param | out | amp | status |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        lines.append(f"| {v.module_priority_rank} | {v.pid} | {fmt(v.layer)} | {', '.join(v.train_modules)} | "
+                     f"{', '.join(v.rollout_modules)} | {v.input_status} | {v.parameter_status} | "
+                     f"{v.output_status} | {fmt(v.amplification)} | {v.status} |")
+    return "\n".join(lines) + "\n"
+
+
+def comparability(results: list[Result], summary: dict) -> dict:
+    """Say when the two dumps do not look like the same model on the same tokens."""
+    reasons = []
+    tok = next((r for r in results if r.point == "M.tokens"), None)
+    if tok is not None and tok.status not in ("match", "drift"):
+        reasons.append(f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})")
+    if summary["train_modules"] and summary["train_coverage"] < 0.3:
+        reasons.append(f"only {summary['mapped_train_modules']} of {summary['train_modules']} train modules "
+                       "map to the rollout side (different models, or a naming profile is missing)")
+    shape_conf = [r for r in results if r.status == "incomparable" and r.reason and "shape" in r.reason]
+    if results and len(shape_conf) > 0.5 * len(results):
+        reasons.append(f"{len(shape_conf)} of {len(results)} tensors have conflicting shapes "
+                       "(different sequence lengths or model sizes)")
+    return {"comparable": not reasons, "reasons": reasons}

@@ -1,0 +1,86 @@
+"""The one loader: find a side's dump, stream its entries, and return a :class:`Dump`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import InputError
+from ..records import Dump
+from .discovery import resolve_dump_file
+from .generic import FORMAT_ID, entries_from_generic
+from .jsonstream import StreamState, iter_entries
+from .msprobe import build_entry
+
+_KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
+
+
+def load_side(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Dump:
+    """Load one side's dump from a file or folder argument (see ``resolve_dump_file``)."""
+    path = resolve_dump_file(arg, side, step, rank)
+    if _looks_generic(path):
+        return _load_generic(path)
+    state = StreamState()
+    entries = []
+    skipped = []
+    seen: dict[str, int] = {}
+    notes = []
+    for key, value in iter_entries(path, state):
+        if key in seen:
+            # JSON objects should not repeat keys; the last one wins, as json.load does.
+            notes.append(f"duplicate entry key {key!r}: kept the last occurrence")
+            entries[seen[key]] = None
+        e = build_entry(key, value, len(entries))
+        if e is None:
+            skipped.append(key)
+            continue
+        seen[key] = len(entries)
+        entries.append(e)
+    if not state.saw_data:
+        raise InputError(f"{path}: not a msprobe dump: no 'data' object "
+                         f"(top-level keys: {', '.join(sorted(state.header)) or 'none'})")
+    entries = [e for e in entries if e is not None]
+    for i, e in enumerate(entries):
+        e.order = i
+    hdr = state.header
+    if not entries and skipped:
+        raise InputError(f"{path}: no entry key follows the msprobe naming "
+                         f"(first key: {skipped[0]!r})")
+    dump = Dump(path=path, dump_dir=path.parent, fmt="msprobe",
+                task=_str(hdr.get("task")), level=_str(hdr.get("level")),
+                framework=_str(hdr.get("framework")), dump_data_dir=_str(hdr.get("dump_data_dir")),
+                entries=entries, salvage=state.salvage, notes=notes, skipped_keys=skipped)
+    dump.construct = _read_construct(path.parent / "construct.json", dump)
+    return dump
+
+
+def _str(v):
+    return v if isinstance(v, str) else None
+
+
+def _looks_generic(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    return FORMAT_ID.encode() in head
+
+
+def _load_generic(path: Path) -> Dump:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable generic dump ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_ID:
+        raise InputError(f"{path}: generic dump must be an object with format {FORMAT_ID!r}")
+    return Dump(path=path, dump_dir=path.parent, fmt="generic", task=_str(doc.get("task")),
+                level="L0", framework=_str(doc.get("framework")), dump_data_dir=None,
+                entries=entries_from_generic(doc, path))
+
+
+def _read_construct(path: Path, dump: Dump):
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        dump.notes.append(f"{path.name} is unreadable; module tree taken from paths instead")
+        return None
+    return doc if isinstance(doc, dict) and doc else None

@@ -1,0 +1,185 @@
+"""Read a msprobe dump.json one entry at a time.
+
+The file is one JSON object whose ``data`` member maps entry keys to entries. Reading
+it whole (``json.load``) needs the entire tree in memory and loses everything when the
+file is truncated, which is exactly the state of a dump from a job killed mid-write.
+This reader walks the top-level object with the C scanner of the standard library
+(``JSONDecoder.raw_decode``), decodes each entry on its own and yields it, so memory
+stays proportional to one entry plus what the caller keeps, and a damaged tail only
+loses the entries after the damage.
+
+Bare ``NaN``, ``Infinity`` and ``-Infinity`` tokens, which msprobe writes, are accepted.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import InputError
+from ..records import Salvage
+
+_CHUNK = 8 << 20
+_WS = " \t\n\r"
+_decoder = json.JSONDecoder()
+
+
+@dataclass
+class StreamState:
+    """Top-level members other than ``data`` and the salvage note, filled while reading."""
+    header: dict[str, Any] = field(default_factory=dict)
+    salvage: Salvage | None = None
+    saw_data: bool = False
+
+
+class _Incomplete(Exception):
+    """The buffer ended inside a token; more text is needed (or the file is truncated)."""
+
+
+class _Buffer:
+    """A sliding text window over the file that tracks the byte offset of its start."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.text = ""
+        self.pos = 0
+        self.dropped_bytes = 0
+        self.eof = False
+
+    def fill(self) -> bool:
+        if self.eof:
+            return False
+        if self.pos > _CHUNK:
+            consumed = self.text[: self.pos]
+            self.dropped_bytes += len(consumed.encode("utf-8", "surrogatepass"))
+            self.text = self.text[self.pos:]
+            self.pos = 0
+        more = self.fh.read(max(_CHUNK, len(self.text)))
+        if not more:
+            self.eof = True
+            return False
+        self.text += more
+        return True
+
+    def byte_offset(self) -> int:
+        return self.dropped_bytes + len(self.text[: self.pos].encode("utf-8", "surrogatepass"))
+
+    def skip_ws(self) -> str:
+        """Skip white space and return the next character ('' at end of file)."""
+        while True:
+            text, n = self.text, len(self.text)
+            p = self.pos
+            while p < n and text[p] in _WS:
+                p += 1
+            self.pos = p
+            if p < n:
+                return text[p]
+            if not self.fill():
+                return ""
+
+    def expect(self, ch: str) -> None:
+        got = self.skip_ws()
+        if got == "":
+            raise _Incomplete()
+        if got != ch:
+            raise ValueError(f"expected '{ch}' but found '{got}'")
+        self.pos += 1
+
+    def value(self) -> Any:
+        """Decode one JSON value at the cursor, reading more text until it is complete."""
+        self.skip_ws()
+        while True:
+            try:
+                obj, end = _decoder.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError as exc:
+                # A value cut by the window end looks like a syntax error near the end;
+                # anything else is real damage, but both are retried until EOF so a
+                # single check covers them.
+                if self.fill():
+                    continue
+                if self.eof:
+                    raise _Incomplete() from exc
+                raise
+            # A number at the very end of the window may continue in the next chunk.
+            if end == len(self.text) and not self.eof and self.fill():
+                continue
+            self.pos = end
+            return obj
+
+
+def iter_entries(path: Path, state: StreamState) -> Iterator[tuple[str, Any]]:
+    """Yield ``(key, entry)`` pairs of the ``data`` member in file order.
+
+    Other top-level members land in ``state.header``. A file that is not a JSON object
+    raises :class:`InputError`; damage or truncation after the start of ``data`` stops
+    the iteration and records a :class:`Salvage` in ``state.salvage``.
+    """
+    try:
+        fh = open(path, "r", encoding="utf-8", errors="surrogateescape")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror})") from None
+    with fh:
+        buf = _Buffer(fh)
+        last_key: str | None = None
+        count = 0
+        in_data = False
+        try:
+            first = buf.skip_ws()
+            if first != "{":
+                found = repr(first) if first else "an empty file"
+                raise InputError(f"{path}: not a dump: expected a JSON object, found {found}")
+            buf.pos += 1
+            while True:
+                ch = buf.skip_ws()
+                if ch == "}":
+                    return
+                if ch == ",":
+                    buf.pos += 1
+                    ch = buf.skip_ws()
+                if ch != '"':
+                    raise ValueError(f"expected a member name but found {ch!r}")
+                name = buf.value()
+                buf.expect(":")
+                if name != "data":
+                    state.header[name] = buf.value()
+                    continue
+                state.saw_data = True
+                buf.expect("{")
+                in_data = True
+                while True:
+                    ch = buf.skip_ws()
+                    if ch == "}":
+                        buf.pos += 1
+                        in_data = False
+                        break
+                    if ch == ",":
+                        buf.pos += 1
+                        buf.skip_ws()
+                    key = buf.value()
+                    if not isinstance(key, str):
+                        raise ValueError("entry key is not a string")
+                    buf.expect(":")
+                    entry = buf.value()
+                    yield key, entry
+                    last_key = key
+                    count += 1
+        except InputError:
+            raise
+        except (_Incomplete, ValueError, UnicodeDecodeError) as exc:
+            if not state.saw_data:
+                raise InputError(f"{path}: not a readable dump: {_describe(exc)} before the "
+                                 f"'data' object (byte {buf.byte_offset()})") from None
+            if not in_data and count:
+                # Damage after the data object closed costs nothing but the trailing header.
+                return
+            state.salvage = Salvage(byte_offset=buf.byte_offset(), last_complete_key=last_key,
+                                    entries_recovered=count, reason=_describe(exc))
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, _Incomplete):
+        return "file ends in the middle of a value (truncated)"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON ({exc.msg})"
+    return str(exc) or type(exc).__name__

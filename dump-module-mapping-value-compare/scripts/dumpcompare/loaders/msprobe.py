@@ -1,0 +1,132 @@
+"""Turn msprobe entry keys and nested items into :class:`Entry` records."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ..records import BACKWARD, FORWARD, PARAM_GRAD, Entry, Leaf
+
+# Module.<path>.<Class>.forward.<n>; the path may be empty when the dumped root is a wrapper.
+_MODULE_RE = re.compile(r"^Module\.(?:(?P<path>.+)\.)?(?P<cls>[^.]+)\."
+                        r"(?P<dir>forward|backward)\.(?P<call>\d+)$")
+_PGRAD_RE = re.compile(r"^Module\.(?:(?P<path>.+)\.)?(?P<cls>[^.]+)\.parameters_grad(?:\.(?P<call>\d+))?$")
+# L1 APIs put the call index before the direction: Functional.linear.14.forward
+_API_RE = re.compile(r"^(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<path>.+)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
+
+_STAT_KEYS = (("Max", "max"), ("Min", "min"), ("Mean", "mean"), ("Norm", "norm"))
+
+
+def parse_key(key: str) -> tuple[str, str, str, str, int] | None:
+    """Split a dump key into (kind, path, class, direction, call index), or None."""
+    m = _MODULE_RE.match(key)
+    if m:
+        return "module", m.group("path") or "", m.group("cls"), m.group("dir"), int(m.group("call"))
+    m = _PGRAD_RE.match(key)
+    if m:
+        return "module", m.group("path") or "", m.group("cls"), PARAM_GRAD, int(m.group("call") or 0)
+    m = _API_RE.match(key)
+    if m:
+        return "api", m.group("path"), m.group("cls"), m.group("dir"), int(m.group("call"))
+    return None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        # Some writers quote non-finite values; anything else is not a statistic.
+        low = v.strip().lower()
+        if low in ("nan", "inf", "+inf", "infinity", "-inf", "-infinity"):
+            return float(low.replace("infinity", "inf"))
+    return None
+
+
+def _shape(v: Any) -> tuple[int, ...] | None:
+    if isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v):
+        return tuple(v)
+    return None
+
+
+def _is_leaf(item: dict) -> bool:
+    return "dtype" in item or "Max" in item or "shape" in item and "type" in item
+
+
+def leaf_from_item(name: str, item: dict) -> Leaf:
+    """Build a tensor :class:`Leaf` from a msprobe leaf object (missing fields become None)."""
+    leaf = Leaf(name=name)
+    dt = item.get("dtype")
+    leaf.dtype = dt if isinstance(dt, str) else None
+    leaf.shape = _shape(item.get("shape"))
+    for src, dst in _STAT_KEYS:
+        setattr(leaf, dst, _num(item.get(src)))
+    rg = item.get("requires_grad")
+    leaf.requires_grad = rg if isinstance(rg, bool) else None
+    ck = item.get("md5")
+    leaf.checksum = ck if isinstance(ck, str) else None
+    dn = item.get("data_name")
+    leaf.data_name = dn if isinstance(dn, str) else None
+    return leaf
+
+
+def flatten(prefix: str, item: Any, out: list[Leaf]) -> None:
+    """Append the leaves of a nested msprobe item (lists, objects, scalars, nulls) to ``out``."""
+    if item is None:
+        return
+    if isinstance(item, list):
+        for i, sub in enumerate(item):
+            flatten(f"{prefix}.{i}", sub, out)
+        return
+    if not isinstance(item, dict):
+        return
+    if _is_leaf(item):
+        out.append(leaf_from_item(prefix, item))
+        return
+    if "type" in item and "value" in item and len(item) <= 3:
+        v = item.get("value")
+        if isinstance(v, (int, float, str, bool)) or v is None or isinstance(v, list):
+            out.append(Leaf(name=prefix, value=v, is_tensor=False, dtype=str(item.get("type"))))
+        return
+    for k, sub in item.items():
+        flatten(f"{prefix}.{k}", sub, out)
+
+
+def build_entry(key: str, value: Any, order: int) -> Entry | None:
+    """Parse one dump entry; None when the key matches no msprobe pattern."""
+    parsed = parse_key(key)
+    if parsed is None or not isinstance(value, dict):
+        return None
+    kind, path, cls, direction, call = parsed
+    entry = Entry(key=key, order=order, kind=kind, raw_path=path, cls=cls,
+                  direction=direction, call=call)
+    leaves: list[Leaf] = []
+    if direction == PARAM_GRAD:
+        for pname, item in value.items():
+            sub = item[0] if isinstance(item, list) and item else item
+            flatten(f"parameters_grad.{pname}", sub, leaves)
+    elif direction == BACKWARD:
+        flatten("input", value.get("input"), leaves)
+        flatten("output", value.get("output"), leaves)
+    else:
+        args = value.get("input_args")
+        if isinstance(args, list):
+            entry.n_args = sum(1 for a in args if a is not None)
+        flatten("input_args", args, leaves)
+        kwargs = value.get("input_kwargs")
+        if isinstance(kwargs, dict):
+            for k, sub in kwargs.items():
+                flatten(f"input_kwargs.{k}", sub, leaves)
+        flatten("output", value.get("output"), leaves)
+        params = value.get("parameters")
+        if isinstance(params, dict):
+            for k, sub in params.items():
+                flatten(f"parameters.{k}", sub, leaves)
+    entry.leaves = leaves
+    return entry
+
+
+def is_finite(x: float | None) -> bool:
+    """True for a real, finite number."""
+    return x is not None and math.isfinite(x)

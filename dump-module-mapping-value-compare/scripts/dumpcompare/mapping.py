@@ -1,0 +1,279 @@
+"""The mapping plan: which modules correspond across sides, and which tensors to compare.
+
+Two plans come out of here, both plain data written to output_2:
+
+* module pairs (one-to-one, composite fused <-> parts, by-design differences, cross-role)
+  plus one-sided modules with their aligned neighbours;
+* point comparisons: for every logical tensor ("point") both sides carry, the leaf or
+  ordered leaves on each side that hold it. A fused output on one side is compared with
+  the concatenation of the parts on the other; parts that only a consumer's inputs carry
+  (vLLM ``rotary_emb`` takes q and k, ``attn`` takes q, k, v) are compared too, which is
+  where a wrong row order inside a fused weight shows in statistics mode.
+
+Everything is dictionary lookups over the entries: linear in their number.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .naming import ModuleRecord, Namer
+from .records import FORWARD
+
+
+@dataclass
+class Carrier:
+    """A leaf on one side that holds (part of) a point."""
+    rec: int                   # index into that side's records
+    leaf: str
+    io: str
+
+
+@dataclass
+class PointPlan:
+    """One planned comparison (output_2 ``comparisons`` row, executed into output_3)."""
+    cid: str
+    point: str
+    kind: str                  # direct | composite
+    axis: str                  # features (activations) | rows (parameters)
+    train: list[Carrier]
+    rollout: list[Carrier]
+    train_layout: str | None = None
+    rollout_layout: str | None = None
+
+
+@dataclass
+class Pair:
+    """A train <-> rollout module correspondence."""
+    pid: str
+    kind: str                  # one_to_one | composite | by_design_difference | cross_role
+    train: list[int]
+    rollout: list[int]
+    layer: int | None
+    block: str
+    role: str | None
+    note: str | None = None
+    points: dict[str, list[str]] = field(default_factory=lambda: {"in": [], "out": [], "param": []})
+
+
+@dataclass
+class OneSided:
+    """A forward module with no counterpart on the other side."""
+    side: str
+    rec: int
+    expected: bool
+    reason: str
+    activation_like: bool
+    before_pair: str | None = None
+    after_pair: str | None = None
+
+
+@dataclass
+class MappingPlan:
+    """Everything output_2 holds."""
+    pairs: list[Pair]
+    one_sided: list[OneSided]
+    comparisons: list[PointPlan]
+    unmatched_points: dict[str, list[str]]
+
+
+def _forward_modules(recs: list[ModuleRecord]) -> list[ModuleRecord]:
+    return [r for r in recs if r.kind == "module" and r.direction == FORWARD]
+
+
+def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Namer) -> MappingPlan:
+    """Pair modules and plan point comparisons for two sides' records."""
+    sides = {"train": train, "rollout": rollout}
+    fam = {s: (recs[0].family if recs else "hf") for s, recs in sides.items()}
+    fwd = {s: _forward_modules(recs) for s, recs in sides.items()}
+    by_key = {s: {} for s in sides}
+    for s in sides:
+        for r in fwd[s]:
+            if r.is_wrapper:
+                continue
+            by_key[s].setdefault((r.canonical, r.call), r)
+    paired: dict[str, set[int]] = {"train": set(), "rollout": set()}
+    raw_pairs: list[tuple[str, list[ModuleRecord], list[ModuleRecord], str | None]] = []
+
+    for key, tr in by_key["train"].items():
+        ro = by_key["rollout"].get(key)
+        if ro is not None:
+            kind, note = _pair_kind(tr, ro, namer)
+            raw_pairs.append((kind, [tr], [ro], note))
+            paired["train"].add(tr.index)
+            paired["rollout"].add(ro.index)
+    for fused_side, parts_side in (("rollout", "train"), ("train", "rollout")):
+        for (canon, call), r in by_key[fused_side].items():
+            if not r.parts or r.index in paired[fused_side]:
+                continue
+            parts = [by_key[parts_side].get((f"{r.scope}.{p}", call)) for p in r.parts]
+            if any(p is None or p.index in paired[parts_side] for p in parts):
+                continue
+            note = _by_design_reason(r, namer, fam[parts_side])
+            trs, ros = (parts, [r]) if fused_side == "rollout" else ([r], parts)
+            raw_pairs.append(("composite", trs, ros, note))
+            paired[fused_side].add(r.index)
+            paired[parts_side].update(p.index for p in parts)
+    for rule in namer.p.get("cross_role_pairs", []) or []:
+        a, b = rule["roles"]
+        for ra, rb in ((a, b), (b, a)):
+            tr = next((r for r in fwd["train"] if r.role == ra and r.index not in paired["train"]), None)
+            ro = next((r for r in fwd["rollout"] if r.role == rb and r.index not in paired["rollout"]), None)
+            if tr is not None and ro is not None and tr.scope == ro.scope and tr.call == ro.call:
+                raw_pairs.append(("cross_role", [tr], [ro], rule.get("reason")))
+                paired["train"].add(tr.index)
+                paired["rollout"].add(ro.index)
+
+    raw_pairs.sort(key=lambda p: (min(r.index for r in p[1]), min(r.index for r in p[2])))
+    pairs = []
+    for i, (kind, trs, ros, note) in enumerate(raw_pairs):
+        anchor = trs[0]
+        role = anchor.role if kind != "composite" else next((r.role for r in trs + ros if r.parts), anchor.role)
+        pair = Pair(f"P{i:04d}", kind, [r.index for r in trs], [r.index for r in ros],
+                    anchor.layer, anchor.block, role, note)
+        for r in trs + ros:
+            for port in r.ports:
+                bucket = pair.points[port.io]
+                if port.point not in bucket:
+                    bucket.append(port.point)
+        pairs.append(pair)
+
+    one_sided = _one_sided(sides, fwd, paired, pairs, fam, namer)
+    comparisons, unmatched = _plan_points(sides, fam, namer)
+    return MappingPlan(pairs, one_sided, comparisons, unmatched)
+
+
+def _matches(rule: dict, rec: ModuleRecord, other_family: str) -> bool:
+    if rule.get("role") not in (None, rec.role):
+        return False
+    if "families" in rule and rec.family not in rule["families"]:
+        return False
+    if "other" in rule and other_family not in rule["other"]:
+        return False
+    if "classes" in rule and not any(re.search(c, rec.cls) for c in rule["classes"]):
+        return False
+    return True
+
+
+def _by_design_reason(rec: ModuleRecord, namer: Namer, other_family: str) -> str | None:
+    for rule in namer.p.get("by_design_differences", []) or []:
+        fams = rule.get("families")
+        if fams and len(fams) == 2:
+            ok = rule.get("role") == rec.role and rec.family in fams and other_family in fams
+        else:
+            ok = _matches(rule, rec, other_family)
+        if ok:
+            return rule["reason"]
+    return None
+
+
+def _pair_kind(tr: ModuleRecord, ro: ModuleRecord, namer: Namer) -> tuple[str, str | None]:
+    """one_to_one unless the two modules carry different tensors by design."""
+    def pts(r):
+        return {(p.io, p.point) for p in r.ports}
+    if pts(tr) == pts(ro):
+        return "one_to_one", None
+    reason = _by_design_reason(tr, namer, ro.family) or _by_design_reason(ro, namer, tr.family)
+    if reason is None:
+        only_t = sorted(p for _, p in pts(tr) - pts(ro))
+        only_r = sorted(p for _, p in pts(ro) - pts(tr))
+        reason = (f"the modules carry different tensors (train only: {', '.join(only_t) or '-'}; "
+                  f"rollout only: {', '.join(only_r) or '-'}); only common tensors are compared")
+    return "by_design_difference", reason
+
+
+def _one_sided(sides, fwd, paired, pairs, fam, namer: Namer) -> list[OneSided]:
+    """One-sided modules with their aligned neighbours and whether the profiles expect them."""
+    out = []
+    pair_of = {s: {} for s in sides}
+    for p in pairs:
+        for i in p.train:
+            pair_of["train"][i] = p.pid
+        for i in p.rollout:
+            pair_of["rollout"][i] = p.pid
+    rules = namer.p.get("expected_one_sided", []) or []
+    for s, recs in fwd.items():
+        other = "rollout" if s == "train" else "train"
+        ordered = [r.index for r in recs]
+        for pos, r in enumerate(recs):
+            if r.index in paired[s]:
+                continue
+            rule = next((x for x in rules if _matches(x, r, fam[other])), None)
+            before = next((pair_of[s][i] for i in reversed(ordered[:pos]) if i in pair_of[s]), None)
+            after = next((pair_of[s][i] for i in ordered[pos + 1:] if i in pair_of[s]), None)
+            if rule:
+                reason = rule["reason"]
+            elif r.role is None:
+                reason = "no naming rule explains this module and no module with the same path exists on the other side"
+            else:
+                reason = f"no {r.role} module at this position on the {other} side"
+            out.append(OneSided(s, r.index, rule is not None, reason, namer.is_activation_like(r),
+                                before, after))
+    return out
+
+
+def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, list[str]]]:
+    carriers: dict[str, dict[str, Carrier]] = {}
+    layouts = namer.p.get("layouts", {}) or {}
+    layout_of: dict[str, dict[str, str]] = {}
+    for s, recs in sides.items():
+        best: dict[str, tuple[int, Carrier]] = {}
+        lay: dict[str, str] = {}
+        for r in recs:
+            for port in r.ports:
+                # A producer's output is the canonical holder of a point; consumers' inputs
+                # hold the same tensor and serve when no producer is dumped.
+                prio = 0 if port.io in ("out", "param") else 1
+                cur = best.get(port.point)
+                if cur is None or prio < cur[0]:
+                    best[port.point] = (prio, Carrier(r.index, port.leaf, port.io))
+                fam_layout = (layouts.get(r.family) or {}).get(r.role)
+                if fam_layout and "+" in port.point:
+                    lay[port.point] = fam_layout
+        carriers[s] = {k: v[1] for k, v in best.items()}
+        layout_of[s] = lay
+    plans: list[PointPlan] = []
+    used = {"train": set(), "rollout": set()}
+    order_key = lambda p: (carriers["train"].get(p) or Carrier(10**12, "", "")).rec
+
+    def add(point, kind, tr, ro):
+        axis = "rows" if point.split("+")[0].rsplit(".", 1)[-1] in _PARAM_NAMES or _is_param(point, tr, ro) else "features"
+        plans.append(PointPlan("", point, kind, axis, tr, ro,
+                               layout_of["train"].get(point), layout_of["rollout"].get(point)))
+
+    for point in sorted(set(carriers["train"]) | set(carriers["rollout"]),
+                        key=lambda p: (_first_rec(p, carriers), p)):
+        t = carriers["train"].get(point)
+        r = carriers["rollout"].get(point)
+        if t is not None and r is not None:
+            add(point, "direct", [t], [r])
+            used["train"].add(point)
+            used["rollout"].add(point)
+            continue
+        if "+" not in point:
+            continue
+        parts = point.split("+")
+        have, other = ("train", "rollout") if t is not None else ("rollout", "train")
+        if all(p in carriers[other] for p in parts):
+            fused = [carriers[have][point]]
+            split = [carriers[other][p] for p in parts]
+            tr, ro = (fused, split) if have == "train" else (split, fused)
+            add(point, "composite", tr, ro)
+            used[have].add(point)
+            used[other].update(parts)
+    for i, p in enumerate(plans):
+        p.cid = f"C{i:04d}"
+    unmatched = {s: sorted(set(carriers[s]) - used[s]) for s in sides}
+    return plans, unmatched
+
+
+_PARAM_NAMES = {"weight", "bias", "layer_norm_weight", "layer_norm_bias"}
+
+
+def _is_param(point, tr, ro) -> bool:
+    return any(c.io == "param" for c in tr + ro)
+
+
+def _first_rec(point: str, carriers) -> int:
+    recs = [c.rec for s in ("train", "rollout") if (c := carriers[s].get(point)) is not None]
+    return min(recs) if recs else 0

@@ -1,0 +1,318 @@
+"""Normalise module keys: strip wrappers, find layer and role, and say which point each leaf carries.
+
+Everything engine-specific lives in ``profiles.yaml`` (data, overridable with ``--naming``);
+this module only interprets it. The output is one :class:`ModuleRecord` per entry.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import InputError
+from ..records import FORWARD, Dump, Entry
+
+_BUILTIN = Path(__file__).with_name("profiles.yaml")
+
+
+@dataclass
+class Port:
+    """One leaf of a module and the logical tensor it carries."""
+    leaf: str                  # leaf name inside the entry
+    point: str                 # e.g. "L3.q", "L3.q+L3.k+L3.v", "M.logits"
+    io: str                    # "in", "out" or "param"
+
+    @property
+    def parts(self) -> list[str]:
+        return self.point.split("+")
+
+
+@dataclass
+class ModuleRecord:
+    """A parsed, normalised entry (output_1 row)."""
+    side: str
+    index: int                 # position among this side's entries
+    key: str
+    kind: str                  # module | api
+    direction: str
+    path: str                  # wrappers stripped
+    raw_path: str
+    cls: str
+    call: int
+    layer: int | None
+    local: str                 # path inside the layer (or the whole path outside layers)
+    role: str | None           # None when no rule explains the key
+    block: str
+    family: str
+    parts: list[str] = field(default_factory=list)
+    ports: list[Port] = field(default_factory=list)
+    is_wrapper: bool = False
+
+    @property
+    def scope(self) -> str:
+        return f"L{self.layer}" if self.layer is not None else "M"
+
+    @property
+    def canonical(self) -> str:
+        """Identity used to pair modules across sides (role-based when a rule explains it)."""
+        if self.role is not None and self.role not in ("dropout", "wrapper"):
+            return f"{self.scope}.{self.role}"
+        return f"path:{self.path}"
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        elif isinstance(v, list) and isinstance(out.get(k), list):
+            out[k] = v + out[k]          # user rules first, so they win
+        else:
+            out[k] = v
+    return out
+
+
+def load_profiles(user_file: str | None = None) -> dict:
+    """Built-in profiles merged with an optional user YAML file (read with a safe loader)."""
+    prof = _builtin()
+    if user_file:
+        try:
+            extra = yaml.safe_load(Path(user_file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise InputError(f"{user_file}: cannot read naming profile ({_one_line(exc)})") from None
+        if not isinstance(extra, dict):
+            raise InputError(f"{user_file}: naming profile must be a YAML mapping")
+        prof = _merge(prof, extra)
+    return prof
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+@lru_cache(maxsize=1)
+def _builtin_cached() -> str:
+    return _BUILTIN.read_text(encoding="utf-8")
+
+
+def _builtin() -> dict:
+    return yaml.safe_load(_builtin_cached())
+
+
+class Namer:
+    """Applies one merged profile to the entries of one side."""
+
+    def __init__(self, profiles: dict):
+        self.p = profiles
+        w = profiles.get("wrappers", {})
+        self.wrap_segments = set(w.get("segments", []))
+        self.lead_segments = set(w.get("leading_segments", []))
+        self.wrap_classes = set(w.get("classes", []))
+        self.layer_re = re.compile(profiles["layer_regex"])
+        self.roles = []
+        for r in profiles.get("roles", []):
+            for scope_key in ("local", "model"):
+                for pat in r.get(scope_key, []) or []:
+                    self.roles.append((scope_key, re.compile(f"^(?:{pat})$"), r))
+        self.activation_like = {a.lower() for a in profiles.get("activation_like", [])}
+
+    # -- path normalisation -------------------------------------------------------------
+    def strip_wrappers(self, raw: str) -> str:
+        """Remove wrapper segments anywhere, and DDP/Float16Module ``module.`` at the start."""
+        segs = [s for s in raw.split(".") if s and s not in self.wrap_segments] if raw else []
+        while segs and segs[0] in self.lead_segments:
+            segs = segs[1:]
+        return ".".join(segs)
+
+    def detect_family(self, entries: list[Entry]) -> str:
+        """Guess the engine family of a side from its classes and paths."""
+        classes = {e.cls for e in entries if e.kind == "module"}
+        paths = [self.strip_wrappers(e.raw_path) for e in entries if e.kind == "module"]
+        for fam in self.p.get("families", []):
+            if classes & set(fam.get("classes", [])):
+                return fam["name"]
+            for marker in fam.get("path_markers", []) or []:
+                if any(marker in p for p in paths):
+                    return fam["name"]
+        return "hf"
+
+    def classify(self, path: str) -> tuple[int | None, str, dict | None]:
+        """Return (layer, local path, role rule or None) for a normalised path."""
+        m = None
+        for m in self.layer_re.finditer(path):
+            pass
+        if m is not None:
+            layer = int(m.group(1))
+            local = path[m.end():]
+            scope_key = "local"
+        else:
+            layer, local, scope_key = None, path, "model"
+        for key, rx, rule in self.roles:
+            if key == scope_key and rx.match(local):
+                return layer, local, rule
+        return layer, local, None
+
+    def is_activation_like(self, rec: ModuleRecord) -> bool:
+        """True for modules whose name or class says they compute an activation."""
+        last = rec.local.split(".")[-1].lower() if rec.local else ""
+        return rec.role == "act" or last in self.activation_like or rec.cls.lower() in self.activation_like
+
+    # -- ports ----------------------------------------------------------------------------
+    def family_ports(self, family: str) -> list[dict]:
+        """Port tables to consult for a family, most specific first, ending with hf."""
+        chain, fam = [], family
+        while fam and fam not in [c for c, _ in chain]:
+            table = self.p.get("ports", {}).get(fam, {}) or {}
+            chain.append((fam, table))
+            fam = table.get("inherit")
+        if "hf" not in [c for c, _ in chain]:
+            chain.append(("hf", self.p.get("ports", {}).get("hf", {})))
+        return [t for _, t in chain]
+
+    def ports_for(self, rec: ModuleRecord, entry: Entry, last_layer: int | None,
+                  layer_roles: dict) -> list[Port]:
+        """Assign points to the leaves of one forward entry."""
+        if rec.role is None or rec.is_wrapper:
+            return []
+        alts = None
+        for table in self.family_ports(rec.family):
+            for alt in table.get(rec.role, []) or []:
+                if self._when(alt.get("when"), rec, entry):
+                    alts = alt
+                    break
+            if alts is not None:
+                break
+        if alts is None:
+            return []
+        ports = []
+        leaf_names = {lf.name for lf in entry.leaves if lf.is_tensor}
+        for leaf, tmpl in alts["map"].items():
+            if leaf not in leaf_names:
+                continue
+            io, point = _split_io(tmpl, leaf)
+            point = self._expand(point, rec, last_layer, layer_roles)
+            if point is not None:
+                ports.append(Port(leaf, point, io))
+        mapped = {p.leaf for p in ports}
+        for leaf in sorted(leaf_names - mapped):
+            if leaf.startswith("parameters."):
+                pname = leaf.split(".", 1)[1]
+                ports.append(Port(leaf, self._param_point(rec, pname), "param"))
+        return ports
+
+    def _param_point(self, rec: ModuleRecord, pname: str) -> str:
+        if rec.parts:
+            return "+".join(f"{rec.scope}.{part}.{pname}" for part in rec.parts)
+        return f"{rec.scope}.{rec.role}.{pname}"
+
+    def _when(self, cond: dict | None, rec: ModuleRecord, entry: Entry) -> bool:
+        if not cond:
+            return True
+        if "min_args" in cond and entry.n_args < int(cond["min_args"]):
+            return False
+        if "first_layer" in cond and (rec.layer == 0) != bool(cond["first_layer"]):
+            return False
+        if "class" in cond and not re.search(cond["class"], rec.cls):
+            return False
+        if "int_leaf" in cond:
+            leaf = next((lf for lf in entry.leaves if lf.name == cond["int_leaf"]), None)
+            if leaf is None or not _is_int_dtype(leaf.dtype):
+                return False
+        return True
+
+    def _expand(self, point: str, rec: ModuleRecord, last_layer: int | None, layer_roles: dict) -> str | None:
+        scope = rec.scope
+        prev = f"L{rec.layer - 1}" if rec.layer else None
+        if "{P}" in point and prev is None:
+            return None
+        if "{LAST}" in point and last_layer is None:
+            return None
+        last = f"L{last_layer}" if last_layer is not None else ""
+        out = []
+        for part in point.split("+"):
+            part = self._alias(part, rec, layer_roles)
+            part = part.replace("{L}", scope).replace("{P}", prev or "").replace("{LAST}", last)
+            out.append(canonical_point(part))
+        return "+".join(out)
+
+    def _alias(self, part: str, rec: ModuleRecord, layer_roles: dict) -> str:
+        rule = (self.p.get("aliases", {}).get(rec.family, {}) or {}).get(part)
+        if not rule:
+            return part
+        role, cls = next(iter(rule["if_role_class"].items()))
+        have = layer_roles.get((rec.layer, role))
+        return rule["then"] if have is not None and re.search(cls, have) else rule["else"]
+
+
+def _split_io(tmpl: str, leaf: str) -> tuple[str, str]:
+    for pre in ("in:", "out:"):
+        if tmpl.startswith(pre):
+            return pre[:-1], tmpl[len(pre):]
+    if leaf.startswith("parameters."):
+        return "param", tmpl
+    return ("out" if leaf.startswith("output") else "in"), tmpl
+
+
+def _is_int_dtype(dtype: str | None) -> bool:
+    return bool(dtype) and any(t in dtype for t in ("int", "long", "bool"))
+
+
+def canonical_point(p: str) -> str:
+    """Fold equal points to one name: a layer's input stream is the previous layer's output."""
+    m = re.match(r"^L(\d+)\.resid_in$", p)
+    if m and int(m.group(1)) > 0:
+        return f"L{int(m.group(1)) - 1}.resid_out"
+    return p
+
+
+def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) -> tuple[str, list[ModuleRecord]]:
+    """Parse every entry of one side into records; returns (family, records in dump order)."""
+    fam = family or namer.detect_family(dump.entries)
+    recs: list[ModuleRecord] = []
+    raw_paths = [e.raw_path for e in dump.entries if e.kind == "module"]
+    wrapper_prefixes = _wrapper_prefixes(raw_paths, namer)
+    for e in dump.entries:
+        if e.kind == "api":
+            recs.append(ModuleRecord(side, e.order, e.key, "api", e.direction, e.raw_path, e.raw_path,
+                                     e.cls, e.call, None, e.raw_path, None, "api", fam))
+            continue
+        path = namer.strip_wrappers(e.raw_path)
+        layer, local, rule = namer.classify(path)
+        is_wrapper = e.cls in namer.wrap_classes or e.raw_path in wrapper_prefixes
+        role = "wrapper" if is_wrapper else (rule["role"] if rule else None)
+        block = "wrapper" if is_wrapper else (rule.get("block", "other") if rule else _guess_block(local))
+        recs.append(ModuleRecord(side, e.order, e.key, "module", e.direction, path, e.raw_path, e.cls,
+                                 e.call, layer, local, role, block, fam,
+                                 parts=list(rule.get("parts", [])) if rule and not is_wrapper else [],
+                                 is_wrapper=is_wrapper))
+    layers = [r.layer for r in recs if r.layer is not None and r.kind == "module"]
+    last_layer = max(layers) if layers else None
+    layer_roles = {(r.layer, r.role): r.cls for r in recs if r.direction == FORWARD and r.role}
+    for r, e in zip(recs, dump.entries):
+        if r.kind == "module" and r.direction == FORWARD:
+            r.ports = namer.ports_for(r, e, last_layer, layer_roles)
+    return fam, recs
+
+
+def _wrapper_prefixes(raw_paths: list[str], namer: Namer) -> set[str]:
+    """Raw paths of entries that wrap another entry (``X`` when ``X._fsdp_wrapped_module...`` exists)."""
+    out = set()
+    for p in raw_paths:
+        segs = p.split(".") if p else []
+        for i, s in enumerate(segs):
+            if s in namer.wrap_segments:
+                out.add(".".join(segs[:i]))
+    return out
+
+
+def _guess_block(local: str) -> str:
+    low = local.lower()
+    for word, block in (("attn", "attention"), ("attention", "attention"), ("mlp", "mlp"),
+                        ("norm", "norm"), ("embed", "embedding"), ("head", "head")):
+        if word in low:
+            return block
+    return "other"

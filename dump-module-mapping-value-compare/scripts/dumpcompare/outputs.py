@@ -1,0 +1,86 @@
+"""Write the four outputs: JSON (machine-readable, with schema_version) and CSV/markdown views.
+
+Files are written to a temporary name inside the output folder and renamed into place, so
+an interrupted run never leaves a half-written output and nothing outside the folder is
+touched.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = "1.0"
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: dataclasses to dicts, non-finite floats to the strings 'NaN'/'Infinity'."""
+    if is_dataclass(obj):
+        obj = asdict(obj)
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    return obj
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Write a JSON document with ``schema_version`` first."""
+    body = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in doc.items() if k != "schema_version"}}
+    write_atomic(path, json.dumps(clean(body), indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
+    """Write a CSV view (non-finite numbers as 'NaN'/'Infinity', lists joined with ';')."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    for row in rows:
+        w.writerow([_cell(c) for c in row])
+    write_atomic(path, buf.getvalue())
+
+
+def _cell(v: Any) -> Any:
+    v = clean(v)
+    if v is None:
+        return ""
+    if isinstance(v, list):
+        return ";".join(str(_cell(x)) for x in v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+def fmt(x: Any) -> str:
+    """Short human form of a number for markdown tables."""
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return "inf" if x > 0 else ("nan" if math.isnan(x) else "-inf")
+        return f"{x:.3g}"
+    return str(x)
