@@ -4,11 +4,11 @@ torch is never needed: real torch.save output is checked through the committed f
 tests/data/pt (made by tools/make_pt_fixtures.py) and the real msprobe sample in tests/data/msprobe.
 The one test that cross-checks save_pt against torch.load skips when torch is absent.
 """
-import io
 import json
 import math
 import os
 import pickle
+import pickletools
 import struct
 import zipfile
 from pathlib import Path
@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.tensorio import TensorReadError, load_tensor, resolve_data_file, save_pt, source_dtype
+from dumpcompare.tensorio import (TensorReadError, load_tensor, resolve_data_file, save_pt,
+                                  source_dtype)
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PT_DIR = DATA / "pt"
@@ -207,18 +208,17 @@ def test_save_pt_mirrors_torch_layout(tmp_path):
         assert all(info.compress_type == zipfile.ZIP_STORED for info in zf.infolist())
     raw = path.read_bytes()
     for info in zipfile.ZipFile(path).infolist():
-        name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
-        assert (info.header_offset + 30 + name_len + extra_len) % 64 == 0, info.filename
+        start = info.header_offset
+        name_len, extra_len = struct.unpack("<HH", raw[start + 26:start + 30])
+        assert (start + 30 + name_len + extra_len) % 64 == 0, info.filename
     assert pickle_globals(short["data.pkl"]) == {"torch._utils _rebuild_tensor_v2",
                                                  "torch FloatStorage", "collections OrderedDict"}
 
 
 def pickle_globals(data: bytes) -> set:
-    import pickletools
     return {arg for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
 
 
-F32 = np.uint32
 BF16_CASES = [  # float32 bits -> bfloat16 bits, round to nearest even
     (0x3F800000, 0x3F80),  # 1.0
     (0x3F808000, 0x3F80),  # 1 + 2^-8: a tie, kept part even, stays
@@ -235,13 +235,12 @@ BF16_CASES = [  # float32 bits -> bfloat16 bits, round to nearest even
 
 
 def test_bfloat16_rounds_to_nearest_even(tmp_path):
-    floats = np.array([c[0] for c in BF16_CASES], dtype=F32).view(np.float32)
+    floats = np.array([c[0] for c in BF16_CASES], dtype=np.uint32).view(np.float32)
     save_pt(tmp_path / "b.pt", floats, "bfloat16")
     storage = next(v for k, v in zip_members(tmp_path / "b.pt").items() if k.endswith("/data/0"))
     assert np.frombuffer(storage, "<u2").tolist() == [c[1] for c in BF16_CASES]
     widened = load_tensor(tmp_path / "b.pt")
-    assert widened.view(F32).tolist()[:9] == [c[1] << 16 for c in BF16_CASES][:9]
-    assert np.isnan(widened[8:10]).all()
+    assert widened.view(np.uint32).tolist() == [c[1] << 16 for c in BF16_CASES]
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
@@ -259,7 +258,7 @@ def test_save_pt_is_read_by_real_torch(tmp_path, dtype):
 def test_save_pt_bfloat16_matches_torch_rounding(tmp_path):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)
-    floats = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(F32).view(np.float32)
+    floats = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     floats = floats[~np.isnan(floats)]  # torch's NaN bits depend on its code path
     save_pt(tmp_path / "b.pt", floats, "bfloat16")
     ours = torch.load(tmp_path / "b.pt", weights_only=True)
@@ -298,7 +297,8 @@ def test_hostile_payload_really_creates_a_file_with_plain_pickle(tmp_path):
 
 
 @pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
-@pytest.mark.parametrize("payload, global_name", [(OpenFile, "io.open"), (RunShell, "posix.system")])
+@pytest.mark.parametrize("payload, global_name",
+                         [(OpenFile, "io.open"), (RunShell, "posix.system")])
 @pytest.mark.parametrize("wrap", [lambda x: x, lambda x: {"weight": x}, lambda x: [1, (x,)]],
                          ids=["top", "in_dict", "nested"])
 def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path, protocol, payload, global_name, wrap):
@@ -346,7 +346,7 @@ def test_resolves_recorded_folder_then_dump_tensor_data_then_root(dump_dir):
     for folder in ("", "dump_tensor_data", "my_tensors"):
         (dump_dir / folder).mkdir(exist_ok=True)
         (dump_dir / folder / "a.pt").write_bytes(b"x")
-        assert resolve_data_file(dump_dir, "a.pt", recorded) == (dump_dir / folder / "a.pt").resolve()
+        assert resolve_data_file(dump_dir, "a.pt", recorded) == dump_dir / folder / "a.pt"
     assert resolve_data_file(dump_dir, "a.pt", None) == (dump_dir / "dump_tensor_data" / "a.pt")
 
 
@@ -417,7 +417,8 @@ def test_symlink_inside_dump_dir_is_followed(dump_dir):
 def test_symlinked_dump_dir_itself_is_fine(dump_dir, tmp_path):
     (dump_dir / "dump_tensor_data" / "a.pt").write_bytes(b"x")
     (tmp_path / "alias").symlink_to(dump_dir, target_is_directory=True)
-    assert resolve_data_file(tmp_path / "alias", "a.pt", None) == dump_dir / "dump_tensor_data" / "a.pt"
+    found = resolve_data_file(tmp_path / "alias", "a.pt", None)
+    assert found == dump_dir / "dump_tensor_data" / "a.pt"
 
 
 def test_not_found_lists_where_it_looked(dump_dir):
@@ -454,13 +455,12 @@ def assert_read_error(path, pattern=None):
         assert message.startswith(f"{path}: ") and "\n" not in message
 
 
-def test_truncated_pt_is_a_read_error_at_every_cut(good_pt, tmp_path):
+def test_truncated_pt_is_a_read_error_wherever_cut(good_pt, tmp_path):
     raw = good_pt.read_bytes()
     cut = tmp_path / "cut.pt"
     for size in list(range(0, len(raw), 29)) + [len(raw) // 2, len(raw) - 1]:
         cut.write_bytes(raw[:size])
-        with pytest.raises(TensorReadError, match="cut.pt"):
-            load_tensor(cut)
+        assert_read_error(cut)
 
 
 def test_missing_storage_member(good_pt, tmp_path):
@@ -497,7 +497,8 @@ def test_missing_file(tmp_path):
 
 
 def test_zip_without_torch_layout(tmp_path):
-    assert_read_error(write_zip(tmp_path / "z.pt", {"readme.txt": b"hi"}), "not a torch.save archive")
+    assert_read_error(write_zip(tmp_path / "z.pt", {"readme.txt": b"hi"}),
+                      "not a torch.save archive")
 
 
 def test_tensor_reaching_past_its_storage(good_pt, tmp_path):
@@ -552,7 +553,8 @@ def test_missing_byteorder_means_little_endian(good_pt, tmp_path):
 
 
 def test_unknown_byteorder_is_refused(good_pt, tmp_path):
-    assert_read_error(rewrite_members(good_pt, tmp_path / "o.pt", {"byteorder": b"middle"}), "byteorder")
+    assert_read_error(rewrite_members(good_pt, tmp_path / "o.pt", {"byteorder": b"middle"}),
+                      "byteorder")
 
 
 # ----------------------------------------------------------------------------------------------

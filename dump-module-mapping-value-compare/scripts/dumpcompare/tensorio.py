@@ -140,13 +140,15 @@ def _is_shape(value) -> bool:
 
 
 def _tensor_ref(storage, offset, size, stride, dtype: _DType) -> _TensorRef:
-    """Check a tensor's geometry against its storage, so reading it later cannot go out of bounds."""
+    """Check a tensor's geometry against its storage, so that reading it stays in bounds."""
     if not isinstance(storage, _StorageRef):
         raise _FormatError("tensor rebuilt from something that is not a storage")
-    if not (_is_count(offset) and _is_shape(size) and _is_shape(stride) and len(size) == len(stride)):
+    geometry_ok = _is_count(offset) and _is_shape(size) and _is_shape(stride)
+    if not geometry_ok or len(size) != len(stride):
         raise _FormatError(f"bad tensor geometry offset={offset!r} size={size!r} stride={stride!r}")
     if storage.nbytes % dtype.itemsize:
-        raise _FormatError(f"storage of {storage.nbytes} bytes does not hold whole {dtype.name} elements")
+        raise _FormatError(f"storage of {storage.nbytes} bytes does not hold whole "
+                           f"{dtype.name} elements")
     stored = storage.nbytes // dtype.itemsize
     count = math.prod(size)
     if count:
@@ -154,7 +156,8 @@ def _tensor_ref(storage, offset, size, stride, dtype: _DType) -> _TensorRef:
         if last >= stored:
             raise _FormatError(f"tensor reaches element {last} of a storage holding {stored}")
         if count > stored and count * dtype.itemsize > _MAX_INFLATED_BYTES:
-            raise _FormatError(f"tensor of {count} elements repeats a storage of {stored}: too large")
+            raise _FormatError(f"tensor of {count} elements repeats a storage of {stored}: "
+                               "too large")
     return _TensorRef(storage, offset, size, stride, dtype)
 
 
@@ -205,7 +208,7 @@ _ALLOWED_GLOBALS = _allowed_globals()
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """Replays a torch ``data.pkl`` with stand-ins; any global not needed for a tensor is refused."""
+    """Replays a torch ``data.pkl`` with stand-ins; refuses every global a tensor does not need."""
 
     def find_class(self, module, name):
         try:
@@ -241,7 +244,8 @@ class _PtArchive:
     def _find_prefix(self) -> str:
         pickles = [n for n in self._zf.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pickles) != 1:
-            raise _FormatError("zip file is not a torch.save archive (no single <archive>/data.pkl)")
+            raise _FormatError("zip file is not a torch.save archive "
+                               "(no single <archive>/data.pkl)")
         return pickles[0][: -len("data.pkl")]
 
     def _read(self, name: str, expected_size: int | None = None) -> bytes:
@@ -251,7 +255,8 @@ class _PtArchive:
             raise _FormatError(f"missing zip member {name}") from None
         # Bounding by the file size also defeats compressed members that would inflate hugely.
         if info.file_size > self._file_size:
-            raise _FormatError(f"zip member {name} claims {info.file_size} bytes, more than the file")
+            raise _FormatError(f"zip member {name} claims {info.file_size} bytes, "
+                               "more than the file")
         if expected_size is not None and info.file_size != expected_size:
             raise _FormatError(f"zip member {name} holds {info.file_size} bytes, "
                                f"the pickle declares {expected_size}")
@@ -401,7 +406,8 @@ def resolve_data_file(dump_dir: Path, data_name: str, dump_data_dir: str | None)
     """
     name = _safe_relative_name(data_name)
     root = Path(dump_dir).resolve()
-    folders = [f for f in (_last_folder_name(dump_data_dir), "dump_tensor_data", "") if f is not None]
+    recorded = _last_folder_name(dump_data_dir)
+    folders = ([recorded] if recorded else []) + ["dump_tensor_data", ""]
     tried = []
     for folder in folders:
         candidate = root / folder / name
@@ -469,8 +475,9 @@ def _tensor_pickle(shape: tuple, dtype: _DType) -> bytes:
     storage = _op_tuple([_op_str("storage"), _op_global(*storage_global), _op_str("0"),
                          _op_str("cpu"), _op_int(numel)]) + b"Q"  # BINPERSID
     empty_hooks = _op_global("collections", "OrderedDict") + b")R"  # OrderedDict()
+    requires_grad = b"\x89"  # NEWFALSE
     args = [storage, _op_int(0), _op_tuple(map(_op_int, shape)),
-            _op_tuple(map(_op_int, _contiguous_strides(shape))), b"\x89", empty_hooks]  # \x89: False
+            _op_tuple(map(_op_int, _contiguous_strides(shape))), requires_grad, empty_hooks]
     if rebuild == "_rebuild_tensor_v3":
         args.append(_op_global("torch", dtype.name))
     return b"\x80\x02" + _op_global("torch._utils", rebuild) + _op_tuple(args) + b"R."
@@ -479,7 +486,7 @@ def _tensor_pickle(shape: tuple, dtype: _DType) -> bytes:
 def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
     values = np.array(array, dtype=np.float32, order="C")
     bits = values.view(np.uint32).astype(np.uint64)  # wide enough that rounding cannot overflow
-    # Round to nearest even on the 16 bits kept: add half an ulp, plus one when the kept part is odd.
+    # Round to nearest even on the 16 bits kept: add half an ulp, plus one if the kept part is odd.
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     # Rounding could carry a NaN into infinity; write the canonical quiet NaN as torch's scalar
     # conversion does.
