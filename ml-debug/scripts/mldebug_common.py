@@ -321,12 +321,16 @@ class MetricLog:
         return next((k for k in STEP_KEYS if k in keys), None)
 
     def series(self, key: str, step_key: str | None) -> list[tuple[float, float, LogRow]]:
-        """(step, value, row) for every row holding `key`; the row index stands in for a step."""
+        """(step, value, row) for every row holding `key`.
+
+        Without a step key the row index stands in for the step. With one, rows lacking it (a
+        config line echoing lr=3e-4, say) are skipped because they have no place on the curve.
+        """
         out = []
         for i, row in enumerate(self.rows):
-            if key in row.values:
-                step = row.values.get(step_key, float(i)) if step_key else float(i)
-                out.append((step, row.values[key], row))
+            if key not in row.values or (step_key and step_key not in row.values):
+                continue
+            out.append((row.values[step_key] if step_key else float(i), row.values[key], row))
         return out
 
 

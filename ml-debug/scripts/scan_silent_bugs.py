@@ -1,0 +1,480 @@
+#!/usr/bin/env python3
+"""Scan PyTorch and JAX training code for patterns that cause silent bugs.
+
+Each finding gives file:line, the rule, the code that matched and what to check. By default only
+patterns that are usually wrong are reported; --all adds the wider families worth a look (every
+reshape, squeeze, freeze, unweighted loss). A line ending in `# ml-debug: ok <reason>` is skipped,
+and the reason is the explanation a reviewer needs. Files and directories (searched for *.py) are
+accepted. Exit 0 nothing found, 1 findings, 2 unreadable input.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+from mldebug_common import Finding, InputError, read_text, report, run
+
+TOOL = "scan_silent_bugs"
+SUPPRESS = re.compile(r"#\s*ml-debug:\s*ok\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A silent-bug pattern: its id, whether it is shown by default, and what to check."""
+
+    id: str
+    default: bool
+    check: str
+
+
+RULES = {r.id: r for r in (
+    Rule("SB-SOFTMAX-CE", True, "cross-entropy applies log-softmax itself (and NLL expects "
+         "log-probabilities); pass logits, or the loss sits near ln(C) with tiny gradients"),
+    Rule("SB-DETACH", True, "a detach cuts the gradient path; add a comment saying why this part "
+         "must not learn from this loss"),
+    Rule("SB-DATA-WRITE", True, "writing through .data bypasses autograd and the optimizer's view "
+         "of the tensor; use torch.no_grad() and a normal in-place op"),
+    Rule("SB-ITEM-IN-FORWARD", True, ".item()/.numpy()/.tolist() in forward leaves the graph; "
+         "any loss built from it has no gradient"),
+    Rule("SB-NO-GRAD-BACKWARD", True, "backward or an optimizer step under no_grad/inference_mode: "
+         "nothing was recorded, so nothing learns"),
+    Rule("SB-STEP-ORDER", True, "the order must be zero_grad, backward, (clip), step; read this loop"),
+    Rule("SB-NO-ZERO-GRAD", True, "backward and step run in this loop but gradients are never "
+         "zeroed in it, so they accumulate across iterations; if that is deliberate accumulation, "
+         "zero them on the accumulation boundary"),
+    Rule("SB-SCHED-PER-BATCH", True, "a per-epoch scheduler is stepped inside the batch loop, so "
+         "it decays (number of batches) times too fast"),
+    Rule("SB-EVAL-NO-TRAIN", True, "model.eval() is called inside the training loop but "
+         "model.train() is not, so training continues with dropout off and frozen norm statistics"),
+    Rule("SB-NO-EVAL", True, "evaluation under no_grad with no model.eval() anywhere: dropout stays "
+         "on and batch-norm statistics keep updating during validation"),
+    Rule("SB-SQUEEZE-ALL", True, "squeeze() without a dim also drops a batch axis of size 1, and "
+         "later ops broadcast instead of failing; name the dim"),
+    Rule("SB-SWALLOW", True, "an except that only passes or continues hides crashes and NaN "
+         "batches; let it raise, or log and count what is skipped"),
+    Rule("SB-NAN-MASK", True, "masking or skipping non-finite values hides the first bad step; "
+         "find where the NaN starts instead"),
+    Rule("SB-FIT-LEAK", True, "fit_transform on data not named as training data; a scaler or "
+         "encoder fitted on test or full data leaks its statistics"),
+    Rule("SB-WORKER-RNG", True, "NumPy/stdlib random in __getitem__: DataLoader workers can start "
+         "from the same state and repeat 'random' augmentations; seed per worker"),
+    Rule("SB-JAX-KEY-REUSE", True, "the same PRNG key feeds two random calls (or one call in a "
+         "loop) without a split, so the draws are identical"),
+    Rule("SB-JAX-PRINT", True, "print inside jit runs once at trace time and shows tracers; use "
+         "jax.debug.print"),
+    Rule("SB-JAX-NUMPY", True, "NumPy inside jit runs at trace time on concrete values or fails; "
+         "use jax.numpy"),
+    Rule("SB-SHUFFLE-SPLIT", True, "a shuffled random split of time-ordered rows puts the future in "
+         "the training set; split by time"),
+    Rule("SB-RESHAPE", False, "view/reshape reinterprets memory; if the axes are in another order "
+         "this mixes batch and feature values with a valid shape. Test with prime-sized dims"),
+    Rule("SB-BROADCAST", False, "check both operands have the same shape; (B,1) against (B,) "
+         "broadcasts to (B,B) and the mean is silently wrong"),
+    Rule("SB-EXPAND", False, "expand/repeat/unsqueeze can hide a size mismatch; print shapes"),
+    Rule("SB-DATA-READ", False, ".data reads bypass autograd; prefer .detach() with a comment"),
+    Rule("SB-FREEZE", False, "list which parameters end up frozen and confirm each is meant to be"),
+    Rule("SB-CE-NO-WEIGHT", False, "an unweighted loss on skewed classes can learn the majority "
+         "class; count the classes"),
+    Rule("SB-LOSS-SIGN", False, "check the optimisation direction: a flipped sign trains the "
+         "opposite behaviour with healthy-looking curves"),
+    Rule("SB-INPLACE-FORWARD", False, "in-place edits in forward can overwrite values backward "
+         "needs; check autograd's version counter does not fire or hide a copy"),
+    Rule("SB-LOSS-ITEM", False, ".item()/.numpy() in a loss function: fine for logging, wrong if "
+         "the value feeds the returned loss"),
+    Rule("SB-JAX-ASTYPE", False, "casts inside JAX may clamp instead of wrap depending on backend"),
+    Rule("SB-JAX-SETITEM", False, "JAX arrays are immutable; use x.at[i].set(v)"),
+)}
+
+LINE_PATTERNS = (
+    ("SB-SQUEEZE-ALL", re.compile(r"\.squeeze\(\s*\)|torch\.squeeze\(\s*[\w.\[\]]+\s*\)")),
+    ("SB-DATA-WRITE", re.compile(r"\b(?:p|param\w*|\w*weight\w*|\w*bias\w*|grad)\.data\s*"
+                                 r"(?:\[[^\]]*\]\s*)?=[^=]|\.data\.\w+_\(")),
+    ("SB-NAN-MASK", re.compile(r"nan_to_num\(")),
+    ("SB-RESHAPE", re.compile(r"\.(?:view|reshape)\(")),
+    ("SB-BROADCAST", re.compile(r"\b(?:mse_loss|l1_loss|smooth_l1_loss)\(|\(\s*[\w.]+\s*-\s*[\w.]+\s*\)\s*\*\*\s*2")),
+    ("SB-EXPAND", re.compile(r"\.(?:expand|repeat|unsqueeze)\(")),
+    ("SB-DATA-READ", re.compile(r"\.data\b(?!\s*(?:\[[^\]]*\]\s*)?=[^=])(?!\.\w+_\()")),
+    ("SB-FREEZE", re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|\.freeze\(")),
+    ("SB-CE-NO-WEIGHT", re.compile(r"CrossEntropyLoss\(\s*\)")),
+    ("SB-LOSS-SIGN", re.compile(r"maximize\s*=\s*True|\(\s*-\s*\w*loss\w*\s*\)\.backward|\b1\s*-\s*\w*(?:acc|score|metric)")),
+    ("SB-JAX-ASTYPE", re.compile(r"\.astype\(")),
+)
+PER_EPOCH_SCHEDULERS = ("StepLR", "MultiStepLR", "ExponentialLR", "ReduceLROnPlateau")
+TIME_HINTS = re.compile(r"\b(date|datetime|timestamp|time_idx|lag|rolling|shift\(|forecast)", re.IGNORECASE)
+RANDOM_SAMPLERS_SKIP = {"split", "fold_in", "PRNGKey", "key", "key_data", "wrap_key_data", "clone"}
+
+
+def call_name(node: ast.AST) -> str:
+    """Dotted name of a call's function (`torch.nn.functional.softmax`), or '' if not a name."""
+    func = node.func if isinstance(node, ast.Call) else node
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(func.id)
+    elif isinstance(func, ast.Call):
+        parts.append(call_name(func))
+    return ".".join(reversed(parts))
+
+
+def last(name: str) -> str:
+    """Final component of a dotted name."""
+    return name.rsplit(".", 1)[-1]
+
+
+def receiver(node: ast.Call) -> str:
+    """Name of the object a method is called on (`opt` in `opt.step()`), or ''."""
+    if isinstance(node.func, ast.Attribute):
+        return call_name(node.func.value) if not isinstance(node.func.value, ast.Call) else ""
+    return ""
+
+
+def calls_in(nodes, skip_functions: bool = True):
+    """All Call nodes under `nodes` in source order, not entering nested function definitions."""
+    stack = list(reversed(nodes if isinstance(nodes, list) else [nodes]))
+    out = []
+    while stack:
+        node = stack.pop()
+        if skip_functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            out.append(node)
+        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+    return sorted(out, key=lambda c: (c.lineno, c.col_offset))
+
+
+def is_opt_step(call: ast.Call) -> bool:
+    """`optimizer.step()` (receiver names an optimizer, not a scheduler) or `scaler.step(opt)`."""
+    if last(call_name(call)) != "step":
+        return False
+    recv = receiver(call).lower()
+    return ("opt" in recv and "sched" not in recv) or ("scaler" in recv and bool(call.args))
+
+
+def is_softmax(node: ast.AST) -> bool:
+    """True when an expression contains a softmax call (log_softmax does not count)."""
+    return any(isinstance(c, ast.Call) and last(call_name(c)).lower() == "softmax"
+               for c in ast.walk(node))
+
+
+def is_jitted(fn: ast.FunctionDef) -> bool:
+    """True when a decorator mentions jit (`@jax.jit`, `@jit`, `@partial(jax.jit, ...)`)."""
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
+class Scanner(ast.NodeVisitor):
+    """Walks one module's AST and records findings for the structural rules."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        self.hits: list[tuple[int, str]] = []
+        self.softmax_names: set[str] = set()
+        self.ce_names: set[str] = set()
+        self.per_epoch_scheds: set[str] = set()
+        self.jax_random = {"jax.random"}
+        self.forward_softmax = False  # a forward() returns probabilities
+
+    def hit(self, node: ast.AST, rule: str) -> None:
+        """Record a rule hit at a node's line."""
+        self.hits.append((node.lineno, rule))
+
+    def scan(self, tree: ast.Module) -> None:
+        """Collect names bound to softmax/CE/schedulers and JAX aliases, then run every rule."""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "forward":
+                self.forward_softmax |= any(
+                    isinstance(r, ast.Return) and r.value is not None and is_softmax(r.value)
+                    for r in ast.walk(node))
+            if isinstance(node, ast.ImportFrom) and node.module == "jax":
+                self.jax_random.update(a.asname or a.name for a in node.names if a.name == "random")
+            if isinstance(node, ast.Import):
+                self.jax_random.update(a.asname for a in node.names if a.name == "jax.random" and a.asname)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                name = call_name(node.value)
+                targets = [ast.unparse(t) for t in node.targets]
+                if last(name).lower() == "softmax":
+                    self.softmax_names.update(targets)
+                if last(name) in ("CrossEntropyLoss", "NLLLoss"):
+                    self.ce_names.update(targets)
+                if last(name) in PER_EPOCH_SCHEDULERS or (
+                        last(name) == "CosineAnnealingLR" and "epoch" in ast.unparse(node.value).lower()):
+                    self.per_epoch_scheds.update(targets)
+        self.visit(tree)
+        self.module_rules(tree)
+        self.key_reuse([s for s in tree.body
+                        if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        """Rules scoped to a function: forward, loss functions, __getitem__, jitted JAX code."""
+        calls = calls_in(node.body)
+        name = node.name.lower()
+        for call in calls:
+            method = last(call_name(call))
+            if method in ("item", "numpy", "tolist") and not call.args:
+                if name == "forward":
+                    self.hit(call, "SB-ITEM-IN-FORWARD")
+                elif "loss" in name:
+                    self.hit(call, "SB-LOSS-ITEM")
+            if name == "__getitem__" and re.match(r"(np|numpy)\.random\.|random\.", call_name(call)) \
+                    and "torch" not in call_name(call):
+                self.hit(call, "SB-WORKER-RNG")
+            if is_jitted(node):
+                if call_name(call) == "print":
+                    self.hit(call, "SB-JAX-PRINT")
+                elif call_name(call).startswith(("np.", "numpy.")):
+                    self.hit(call, "SB-JAX-NUMPY")
+        if name == "forward":
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call) and re.fullmatch(
+                        r"(add|sub|mul|div|clamp|masked_fill|copy|relu|sigmoid|tanh|exp|fill|"
+                        r"index_add|scatter)_", last(call_name(sub))):
+                    self.hit(sub, "SB-INPLACE-FORWARD")
+        if is_jitted(node):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Assign, ast.AugAssign)):
+                    targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                    if any(isinstance(t, ast.Subscript) for t in targets):
+                        self.hit(sub, "SB-JAX-SETITEM")
+        self.key_reuse(node.body)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Call(self, node: ast.Call) -> None:
+        """Softmax output fed to cross-entropy, and fit_transform on non-training data."""
+        name = call_name(node)
+        if last(name) in ("cross_entropy", "nll_loss") or name in self.ce_names:
+            if node.args:
+                arg = node.args[0]
+                if is_softmax(arg) or ast.unparse(arg) in self.softmax_names or self.forward_softmax:
+                    self.hit(node, "SB-SOFTMAX-CE")
+        if last(name) == "fit_transform" and node.args:
+            arg = ast.unparse(node.args[0]).lower()
+            if "train" not in arg:
+                self.hit(node, "SB-FIT-LEAK")
+        self.generic_visit(node)
+
+    def visit_With(self, node: ast.With) -> None:
+        """Backward or an optimizer step inside no_grad/inference_mode."""
+        ctx = " ".join(ast.unparse(i.context_expr) for i in node.items)
+        if "no_grad" in ctx or "inference_mode" in ctx:
+            for call in calls_in(node.body):
+                if last(call_name(call)) == "backward" or is_opt_step(call):
+                    self.hit(call, "SB-NO-GRAD-BACKWARD")
+        self.generic_visit(node)
+
+    def visit_Try(self, node: ast.Try) -> None:
+        """An except clause that catches everything and only passes or continues."""
+        for handler in node.handlers:
+            broad = handler.type is None or ast.unparse(handler.type) in ("Exception", "BaseException")
+            if broad and all(isinstance(s, (ast.Pass, ast.Continue)) for s in handler.body):
+                self.hit(handler, "SB-SWALLOW")
+        self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> None:
+        """`if isnan(loss): continue` style skipping of non-finite batches."""
+        test = ast.unparse(node.test)
+        if re.search(r"isnan|isinf|isfinite", test) and any(
+                isinstance(s, ast.Continue) for s in node.body):
+            self.hit(node, "SB-NAN-MASK")
+        self.generic_visit(node)
+
+    def visit_For(self, node: ast.AST) -> None:
+        """Training-loop rules, applied to the innermost loop that holds backward and step."""
+        body_calls = calls_in(node.body)
+        has_backward = any(last(call_name(c)) == "backward" for c in body_calls)
+        inner_loops = [n for n in ast.walk(node) if n is not node and isinstance(n, (ast.For, ast.While))]
+        inner_train = any(
+            any(last(call_name(c)) == "backward" for c in calls_in(loop.body))
+            and any(is_opt_step(c) for c in calls_in(loop.body)) for loop in inner_loops)
+        if has_backward and not inner_train and any(is_opt_step(c) for c in body_calls):
+            self.loop_order(node, body_calls)
+        if has_backward:
+            self.loop_modes(node, body_calls)
+            for loop in inner_loops:
+                for call in calls_in(loop.body):
+                    if last(call_name(call)) == "step" and receiver(call) in self.per_epoch_scheds \
+                            and any(last(call_name(c)) == "backward" for c in calls_in(loop.body)):
+                        self.hit(call, "SB-SCHED-PER-BATCH")
+        self.generic_visit(node)
+
+    visit_While = visit_For
+
+    def loop_order(self, loop: ast.AST, calls: list[ast.Call]) -> None:
+        """zero_grad before backward before step, and gradients zeroed somewhere in the loop."""
+        kinds = []
+        for c in calls:
+            method = last(call_name(c))
+            if method == "zero_grad":
+                kinds.append(("zero", c))
+            elif method == "backward":
+                kinds.append(("backward", c))
+            elif is_opt_step(c):
+                kinds.append(("step", c))
+        order = [k for k, _ in kinds]
+        first_backward = order.index("backward")
+        first_step = order.index("step")
+        if first_step < first_backward:
+            self.hit(kinds[first_step][1], "SB-STEP-ORDER")
+        elif "zero" in order[first_backward:first_step]:
+            self.hit(kinds[first_backward + order[first_backward:].index("zero")][1], "SB-STEP-ORDER")
+        if "zero" not in order:
+            self.hit(loop, "SB-NO-ZERO-GRAD")
+
+    def loop_modes(self, loop: ast.AST, calls: list[ast.Call]) -> None:
+        """A training loop that switches to eval() must switch back with train()."""
+        evals = [c for c in calls if last(call_name(c)) == "eval" and not c.args]
+        trains = [c for c in calls if last(call_name(c)) == "train"]
+        if evals and not trains:
+            self.hit(evals[0], "SB-EVAL-NO-TRAIN")
+
+    def module_rules(self, tree: ast.Module) -> None:
+        """Whole-file rules: validation without eval(), shuffled splits of time-ordered data."""
+        calls = calls_in(tree.body, skip_functions=False)
+        names = [last(call_name(c)) for c in calls]
+        if "backward" in names and "eval" not in names:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.With) and any("no_grad" in ast.unparse(i.context_expr)
+                                                      for i in node.items):
+                    self.hit(node, "SB-NO-EVAL")
+                    break
+        source = "\n".join(self.lines)
+        for c in calls:
+            if last(call_name(c)) == "train_test_split" and TIME_HINTS.search(source):
+                shuffle = [k for k in c.keywords if k.arg == "shuffle"]
+                if not shuffle or ast.unparse(shuffle[0].value) != "False":
+                    self.hit(c, "SB-SHUFFLE-SPLIT")
+
+    def key_reuse(self, body: list[ast.stmt]) -> None:
+        """JAX: a key passed to two samplers with no reassignment between, or reused in a loop."""
+        events = []
+        for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+            if isinstance(node, ast.Call):
+                name = call_name(node)
+                if name.rpartition(".")[0] in self.jax_random and last(name) not in RANDOM_SAMPLERS_SKIP \
+                        and node.args and isinstance(node.args[0], ast.Name):
+                    events.append((node.lineno, node.col_offset, "use", node.args[0].id, node))
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.For)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            events.append((node.lineno, -1, "bind", n.id, node))
+        last_use: dict[str, int] = {}
+        for _, _, kind, name, node in sorted(events, key=lambda e: (e[0], e[1])):
+            if kind == "bind":
+                last_use.pop(name, None)
+            elif name in last_use:
+                self.hit(node, "SB-JAX-KEY-REUSE")
+            else:
+                last_use[name] = node.lineno
+        for loop in ast.walk(ast.Module(body=body, type_ignores=[])):
+            if isinstance(loop, (ast.For, ast.While)):
+                bound = {n.id for s in ast.walk(loop) if isinstance(s, (ast.Assign, ast.AugAssign, ast.For))
+                         for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
+                         for n in ast.walk(t) if isinstance(n, ast.Name)}
+                for _, _, kind, name, node in events:
+                    if kind == "use" and name not in bound and loop.lineno < node.lineno <= loop.end_lineno:
+                        self.hit(node, "SB-JAX-KEY-REUSE")
+
+
+def comment_lines_of(source: str) -> set[int]:
+    """Line numbers that carry a comment token, so '# why' next to a detach is recognised."""
+    out = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                out.add(tok.start[0])
+    except (tokenize.TokenError, SyntaxError):
+        out = {i for i, ln in enumerate(source.splitlines(), 1) if "#" in ln}
+    return out
+
+
+def code_part(line: str) -> str:
+    """The line without its trailing comment (a `#` inside quotes is kept)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            return line[:i]
+    return line
+
+
+def scan_file(path: str, show_all: bool) -> list[Finding]:
+    """All findings for one Python file, deduplicated and in line order."""
+    source = read_text(path)
+    lines = source.splitlines()
+    comments = comment_lines_of(source)
+    hits: list[tuple[int, str]] = []
+    findings: list[Finding] = []
+    for i, line in enumerate(lines, 1):
+        code = code_part(line)
+        for rule, rx in LINE_PATTERNS:
+            if rx.search(code):
+                hits.append((i, rule))
+        if ".detach()" in code:
+            prev = next((j for j in range(i - 1, 0, -1) if lines[j - 1].strip()), 0)
+            if i not in comments and not (prev and lines[prev - 1].strip().startswith("#")):
+                hits.append((i, "SB-DETACH"))
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        findings.append(Finding(path, exc.lineno or 1, "SB-SYNTAX",
+                                f"file does not parse ({exc.msg}); only line patterns were checked"))
+    else:
+        scanner = Scanner(lines)
+        scanner.scan(tree)
+        hits += scanner.hits
+    for line_no, rule_id in sorted(set(hits)):
+        rule = RULES[rule_id]
+        text = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
+        if (not rule.default and not show_all) or SUPPRESS.search(text):
+            continue
+        findings.append(Finding(path, line_no, rule_id, f"`{text.strip()[:100]}`: {rule.check}"))
+    return sorted(findings, key=lambda f: (f.line, f.rule))
+
+
+def expand(paths: list[str]) -> list[str]:
+    """Files as given, directories searched recursively for *.py, in a stable order."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            out += sorted(str(f) for f in path.rglob("*.py"))
+        elif path.exists():
+            out.append(p)
+        else:
+            raise InputError(f"{p}: no such file or directory")
+    if not out:
+        raise InputError(f"{', '.join(paths)}: no Python files found")
+    return out
+
+
+def main() -> int:
+    """Parse arguments, scan each file, print the report and return the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="scan_silent_bugs.py", description=__doc__.split("\n\n")[0],
+        epilog="Rules: " + ", ".join(RULES) + ". Exit 0 nothing found, 1 findings, 2 unreadable input.")
+    parser.add_argument("files", nargs="+", metavar="PATH", help="Python file or directory")
+    parser.add_argument("--all", action="store_true", help="also report the wider look-here families")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    args = parser.parse_args()
+    files = expand(args.files)
+    findings: list[Finding] = []
+    for path in files:
+        findings += scan_file(path, args.all)
+    return report(TOOL, files, findings, args.json)
+
+
+if __name__ == "__main__":
+    run(TOOL, main)
