@@ -13,6 +13,7 @@ Max/Min with null Mean/Norm.
 """
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,10 +84,14 @@ class _TensorSink:
 
 
 def _load_save_pt():
+    # Outside pytest (e.g. the CLI) the toolkit's scripts folder is not on sys.path yet.
+    scripts = str(Path(__file__).resolve().parents[2] / "dump-module-mapping-value-compare" / "scripts")
+    if scripts not in sys.path:
+        sys.path.append(scripts)
     try:
         from dumpcompare.tensorio import save_pt
     except ImportError as exc:
-        raise RuntimeError("tensor_format='pt' needs dumpcompare.tensorio.save_pt on sys.path") from exc
+        raise RuntimeError("tensor_format='pt' needs dumpcompare.tensorio.save_pt") from exc
     return save_pt
 
 
