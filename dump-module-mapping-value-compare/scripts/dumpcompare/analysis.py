@@ -6,6 +6,7 @@ each point was compared once in output_3. From those verdicts each pair gets a s
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ class PointVerdict:
     cid: str | None
     status: str                 # a Result status, or "not_compared"
     error: float | None
+    margin: float | None = None # error / tolerance of that comparison
 
 
 @dataclass
@@ -56,6 +58,25 @@ class ModuleVerdict:
 
 
 _AMP_FLOOR = 1e-7
+# Inputs count as clean for an origin only when well inside tolerance, or when the output
+# error stands out from the input error by this factor (see references/priority_rank.md).
+_CLEAN_MARGIN = 0.25
+_AMP_STANDOUT = 10.0
+
+
+def _point_verdict(point: str, by_point: dict, pid: str | None = None) -> PointVerdict:
+    r = by_point.get((point, pid)) or by_point.get((point, None))
+    if r is None:
+        return PointVerdict(point, None, "not_compared", None)
+    margin = None
+    if r.error is not None and r.tolerance:
+        margin = r.error / r.tolerance
+    return PointVerdict(point, r.cid, r.status, r.error, margin)
+
+
+def _margin(verdicts: list[PointVerdict]) -> float | None:
+    ms = [v.margin for v in verdicts if v.margin is not None and v.status in SEVERITY]
+    return max(ms) if ms else None
 
 
 def _worst(verdicts: list[PointVerdict]) -> tuple[str, float | None]:
@@ -76,26 +97,28 @@ def _dtypes(res: Result, side: str) -> set[str]:
 def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
             rollout: list[ModuleRecord]) -> tuple[list[ModuleVerdict], dict]:
     """Judge every pair; returns (verdicts in train execution order, first divergence info)."""
-    by_point = {r.point: r for r in results}
+    by_point = {(r.point, r.pair): r for r in results}
+    by_cid = {r.cid: r for r in results}
     produced = {pt for p in plan.pairs for pt in p.points["out"]}
+    containers = _container_ids(plan.pairs, train)
     verdicts: list[ModuleVerdict] = []
-    prev_out: str | None = None
+    prev: dict = {}          # layer -> output status of the last non-container pair there
+    last: str | None = None
     for pair in plan.pairs:
-        v = _judge(pair, by_point, produced, train, rollout, prev_out)
+        before = prev.get(pair.layer, last) if pair.layer is not None else last
+        v = _judge(pair, by_point, by_cid, produced, train, rollout, before)
+        v.is_container = pair.pid in containers
         verdicts.append(v)
-        if v.output_status in SEVERITY:
-            prev_out = v.output_status
-    _containers(verdicts, plan.pairs, train)
-    _demote_after_earlier_origin(verdicts)
+        if not v.is_container and v.output_status in SEVERITY:
+            prev[pair.layer] = last = v.output_status
+    _containers(verdicts, train)
     return verdicts, _first_divergence(verdicts, results, train)
 
 
-def _judge(pair: Pair, by_point, produced, train, rollout, prev_out) -> ModuleVerdict:
+def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out) -> ModuleVerdict:
     pts = {}
     for io in ("in", "param", "out"):
-        pts[io] = [PointVerdict(p, by_point[p].cid, by_point[p].status, by_point[p].error)
-                   if p in by_point else PointVerdict(p, None, "not_compared", None)
-                   for p in pair.points[io]]
+        pts[io] = [_point_verdict(p, by_point, pair.pid) for p in pair.points[io]]
     in_s, in_e = _worst(pts["in"])
     par_s, par_e = _worst(pts["param"])
     out_s, out_e = _worst(pts["out"])
@@ -107,37 +130,48 @@ def _judge(pair: Pair, by_point, produced, train, rollout, prev_out) -> ModuleVe
     amp = None
     if out_e is not None and in_e is not None and math.isfinite(out_e):
         amp = out_e / max(in_e, _AMP_FLOOR)
-    boundary = _dtype_boundary(pts, by_point)
+    boundary = _dtype_boundary(pair, by_point, by_cid)
     unexplained = [v.point for v in pts["in"] if v.status in DIVERGED and v.point not in produced]
-    status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, unexplained)
+    margins = (_margin(pts["in"]), _margin(pts["out"]))
+    status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, prev_out)
     return ModuleVerdict(
         pair.pid, pair.kind, [train[i].path for i in pair.train], [rollout[i].path for i in pair.rollout],
         pair.layer, pair.block, pair.role, min(pair.train), in_s, source, par_s, out_s, in_e, par_e, out_e,
         amp, boundary, status, rank, why, unexplained_input_points=unexplained, points=pts, note=pair.note)
 
 
-def _dtype_boundary(pts, by_point) -> bool:
-    """Output dtypes differ across sides while input dtypes agree: a precision change here."""
-    def differs(io):
-        return any(by_point[v.point].dtype_differs for v in pts[io] if v.point in by_point)
-    outs = [v for v in pts["out"] if v.point in by_point]
-    ins = [v for v in pts["in"] if v.point in by_point]
-    return bool(outs) and bool(ins) and differs("out") and not differs("in")
+def _dtype_boundary(pair: Pair, by_point, by_cid) -> bool:
+    """Output dtypes differ across sides while the data reaching the module from upstream
+    (the canonical comparisons of its input points) had the same dtype: precision changes here,
+    in the module or in a cast at its input."""
+    outs = [by_cid[v] for v in (_cid(p, pair.pid, by_point) for p in pair.points["out"]) if v in by_cid]
+    ins = [by_point[(p, None)] for p in pair.points["in"] if (p, None) in by_point]
+    upstream_ok = bool(ins) and all(r.status == "match" and not r.dtype_differs for r in ins)
+    return bool(outs) and upstream_ok and any(r.dtype_differs for r in outs)
 
 
-def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, unexplained) -> tuple[str, int, str]:
+def _cid(point: str, pid: str, by_point) -> str | None:
+    r = by_point.get((point, pid)) or by_point.get((point, None))
+    return r.cid if r else None
+
+
+def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, prev_out) -> tuple[str, int, str]:
+    in_m, out_m = margins
     if par_s in DIVERGED:
         return "parameter_mismatch", 1, "parameters differ between the sides"
     if out_s in DIVERGED:
         if in_s in DIVERGED:
-            if unexplained:
-                return ("propagated", 2, "inputs diverged but no aligned module produces them "
-                        f"({', '.join(unexplained)}): something between the aligned modules differs")
+            if prev_out in ("match", "drift"):
+                return ("propagated", 2, "inputs diverged although the previous aligned module's output agrees: "
+                        "something between the two aligned modules differs")
             return "propagated", 3, "inputs already diverged"
+        if in_m is not None and in_m > _CLEAN_MARGIN and out_m is not None and out_m < _AMP_STANDOUT * in_m:
+            return ("propagated", 3, f"inputs already near tolerance ({in_m:.2f} of it); the output "
+                    "crosses it without a marked amplification")
         if source == "compared":
             return "origin", 1, "inputs and parameters agree, outputs differ"
         return "origin", 2, "outputs differ; inputs not comparable here, the previous aligned module's output agrees"
-    if out_s == "drift" and boundary and in_s in ("match", "none", "unknown"):
+    if out_s == "drift" and boundary:
         return "origin", 2, "output precision changes here (dtypes differ) while inputs agree"
     if out_s in ("unknown", "none", "structural"):
         if pair.kind in ("by_design_difference", "cross_role") or out_s == "structural":
@@ -146,26 +180,31 @@ def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, unexplained) 
     return "clean", 5, "outputs agree within tolerance"
 
 
-def _containers(verdicts: list[ModuleVerdict], pairs: list[Pair], train: list[ModuleRecord]) -> None:
+def _container_ids(pairs: list[Pair], train: list[ModuleRecord]) -> set[str]:
+    """Pairs whose train module holds other paired modules (by path, so wrappers do not matter)."""
+    paths = sorted({train[i].path for p in pairs for i in p.train})
+    out = set()
+    for p in pairs:
+        if len(p.train) != 1:
+            continue
+        own = train[p.train[0]].path
+        prefix = own + "." if own else ""
+        i = bisect.bisect_right(paths, prefix) if prefix else 0
+        if i < len(paths) and paths[i].startswith(prefix) and paths[i] != own:
+            out.add(p.pid)
+    return out
+
+
+def _containers(verdicts: list[ModuleVerdict], train: list[ModuleRecord]) -> None:
     """A container whose divergence a child already explains is propagation, not an origin."""
-    by_path: dict[str, ModuleVerdict] = {}
     for v in verdicts:
-        for p in v.train_modules:
-            by_path.setdefault(p, v)
-    paths = sorted(by_path)
-    for v in verdicts:
-        if len(v.train_modules) != 1:
+        if not v.is_container:
             continue
         prefix = v.train_modules[0] + "." if v.train_modules[0] else ""
-        kids = [by_path[p] for p in paths if p.startswith(prefix) and p != v.train_modules[0]]
-        kids = [k for k in kids if k is not v]
-        if not kids:
-            continue
-        v.is_container = True
+        kids = [k for k in verdicts if k is not v and all(m.startswith(prefix) for m in k.train_modules)]
         culprit = next((k for k in sorted(kids, key=lambda k: k.train_order)
                         if k.module_priority_rank <= 2 and not k.is_container), None)
-        if culprit is None:
-            culprit = next((k for k in kids if k.module_priority_rank <= 2), None)
+        culprit = culprit or next((k for k in kids if k.module_priority_rank <= 2), None)
         if v.status in ("origin", "parameter_mismatch", "propagated") and culprit is not None \
                 and v.output_status in DIVERGED + ("drift",):
             v.status, v.module_priority_rank = "propagated", 3
@@ -173,19 +212,6 @@ def _containers(verdicts: list[ModuleVerdict], pairs: list[Pair], train: list[Mo
             v.rank_reason = f"a module inside it ({', '.join(culprit.train_modules)}) already explains the divergence"
         elif v.status == "origin":
             v.rank_reason += "; no module inside it explains the divergence, so it arises between its children"
-
-
-def _demote_after_earlier_origin(verdicts: list[ModuleVerdict]) -> None:
-    """Unproduced diverged inputs are a clue only when nothing earlier in the layer diverged."""
-    seen_origin: set = set()
-    for v in sorted(verdicts, key=lambda v: v.train_order):
-        if v.is_container:
-            continue
-        if v.status == "propagated" and v.module_priority_rank == 2 and v.layer in seen_origin:
-            v.module_priority_rank = 3
-            v.rank_reason = "inputs already diverged (an earlier module in this layer diverged first)"
-        if v.status in ("origin", "parameter_mismatch") and v.output_status in DIVERGED + ("drift",):
-            seen_origin.add(v.layer)
 
 
 def _first_divergence(verdicts, results: list[Result], train) -> dict:

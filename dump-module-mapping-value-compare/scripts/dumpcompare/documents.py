@@ -94,7 +94,8 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     comps = [{"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
               "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
               "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf} for x in c.rollout],
-              "train_layout": c.train_layout, "rollout_layout": c.rollout_layout} for c in plan.comparisons]
+              "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair}
+             for c in plan.comparisons]
     doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided, "comparisons": comps,
            "unmatched_points": plan.unmatched_points}
     header = ["pair_id", "kind", "layer", "block", "role", "train_modules", "rollout_modules", "expected", "note"]
@@ -130,7 +131,7 @@ def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, 
 def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, results: list[Result],
              recs: dict[str, list[ModuleRecord]], partial: bool, comparability: dict) -> tuple[dict, str]:
     """Module analysis: verdicts in train order, first divergence, one-sided module point statuses."""
-    by_point = {r.point: r for r in results}
+    by_point = {r.point: r for r in results if r.pair is None}
     one_sided = []
     for o in plan.one_sided:
         r = recs[o.side][o.rec]

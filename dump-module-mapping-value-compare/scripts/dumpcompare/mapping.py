@@ -40,6 +40,7 @@ class PointPlan:
     rollout: list[Carrier]
     train_layout: str | None = None
     rollout_layout: str | None = None
+    pair: str | None = None    # set when the comparison reads one pair's own leaves
 
 
 @dataclass
@@ -140,7 +141,37 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
 
     one_sided = _one_sided(sides, fwd, paired, pairs, fam, namer)
     comparisons, unmatched = _plan_points(sides, fam, namer)
+    comparisons += _pair_own_points(pairs, sides, comparisons)
+    for i, c in enumerate(comparisons):
+        c.cid = f"C{i:04d}"
     return MappingPlan(pairs, one_sided, comparisons, unmatched)
+
+
+def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list[PointPlan]:
+    """Compare a pair's own leaves where they differ from the point's canonical holders.
+
+    The same point can be held by a producer's output and a consumer's input; when an op
+    sits between them on one side (an extra scale, a missing activation) the two differ,
+    and only the consumer pair's own leaves show it.
+    """
+    canon = {c.point: ([(x.rec, x.leaf) for x in c.train], [(x.rec, x.leaf) for x in c.rollout])
+             for c in planned if c.pair is None}
+    extra = []
+    for pair in pairs:
+        if len(pair.train) != 1 or len(pair.rollout) != 1:
+            continue
+        tr, ro = sides["train"][pair.train[0]], sides["rollout"][pair.rollout[0]]
+        tports = {p.point: p for p in tr.ports}
+        rports = {p.point: p for p in ro.ports}
+        for point in tports.keys() & rports.keys():
+            t, r = tports[point], rports[point]
+            mine = ([(tr.index, t.leaf)], [(ro.index, r.leaf)])
+            if canon.get(point) == mine:
+                continue
+            axis = "rows" if t.io == "param" else "features"
+            extra.append(PointPlan("", point, "direct", axis, [Carrier(tr.index, t.leaf, t.io)],
+                                   [Carrier(ro.index, r.leaf, r.io)], pair=pair.pid))
+    return extra
 
 
 def _matches(rule: dict, rec: ModuleRecord, other_family: str) -> bool:
@@ -261,8 +292,6 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
             add(point, "composite", tr, ro)
             used[have].add(point)
             used[other].update(parts)
-    for i, p in enumerate(plans):
-        p.cid = f"C{i:04d}"
     unmatched = {s: sorted(set(carriers[s]) - used[s]) for s in sides}
     return plans, unmatched
 

@@ -48,6 +48,7 @@ class Result:
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
     dtype_differs: bool = False
+    pair: str | None = None            # set when the comparison reads one pair's own leaves
 
 
 def load_tolerances(user_file: str | None = None) -> dict:
@@ -133,7 +134,7 @@ class Executor:
         tl = [_leaf(self.t, c) for c in plan.train]
         rl = [_leaf(self.r, c) for c in plan.rollout]
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
-                     _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl))
+                     _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl), pair=plan.pair)
         if any(lf is None for lf in tl + rl):
             res.reason = "a planned leaf is missing from the dump"
             return res

@@ -240,7 +240,8 @@ class Namer:
         return "+".join(out)
 
     def _alias(self, part: str, rec: ModuleRecord, layer_roles: dict) -> str:
-        rule = (self.p.get("aliases", {}).get(rec.family, {}) or {}).get(part)
+        aliases = self.p.get("aliases", {}) or {}
+        rule = (aliases.get(rec.family, {}) or {}).get(part) or (aliases.get("all", {}) or {}).get(part)
         if not rule:
             return part
         role, cls = next(iter(rule["if_role_class"].items()))
