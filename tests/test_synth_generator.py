@@ -9,7 +9,6 @@ import pytest
 import synth
 from synth import faults as F
 from synth.__main__ import main as cli_main
-from synth.layouts.megatron import grouped_qkv_segments
 from synth.model import to_bf16
 
 REAL_TENSOR_DUMP = Path(__file__).parent / "data" / "msprobe" / "llama_L0_tensor" / "step0" / "proc0"

@@ -11,7 +11,7 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
-from .model import ACTIVATIONS, LayerWeights
+from .model import ACTIVATIONS, Config, LayerWeights
 from .plan import ExtraOpSpec, SidePlan
 
 SIDES = ("train", "rollout")
@@ -37,13 +37,11 @@ class Fault:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def check_layout(self, layout: str) -> None:
-        """Raise ValueError when the fault cannot change the math of ``layout``."""
-
-
-def _check_layer(fault, layer, plan: SidePlan):
-    if layer is not None and not 0 <= layer < plan.cfg.layers:
-        raise ValueError(f"{fault.kind}: layer {layer} out of range (model has {plan.cfg.layers})")
+    def check(self, cfg: Config, layout: str) -> None:
+        """Raise ValueError when the fault cannot change the math of ``layout`` for ``cfg``."""
+        layer = getattr(self, "layer", None)
+        if layer is not None and not 0 <= layer < cfg.layers:
+            raise ValueError(f"{self.kind}: layer {layer} out of range (model has {cfg.layers})")
 
 
 @dataclass
@@ -65,7 +63,6 @@ class CorruptWeight(Fault):
             raise ValueError(f"corrupt: role {self.role!r} needs a layer")
 
     def apply(self, plan):
-        _check_layer(self, self.layer, plan)
         owner = plan.weights if self.role in GLOBAL_ROLES else plan.weights.layers[self.layer]
         w = getattr(owner, self.role)
         noise = np.random.default_rng(self.seed).standard_normal(w.shape).astype(w.dtype)
@@ -92,10 +89,10 @@ class PermuteQKV(Fault):
             raise ValueError(f"permute_qkv: mode must be swap_qk or shuffle, got {self.mode!r}")
 
     def apply(self, plan):
-        _check_layer(self, self.layer, plan)
         plan.qkv_perms[self.layer] = (self.mode, self.seed)
 
-    def check_layout(self, layout):
+    def check(self, cfg, layout):
+        super().check(cfg, layout)
         if layout not in FUSED_QKV_LAYOUTS:
             raise ValueError(f"permute_qkv: layout {layout!r} has no fused qkv weight")
 
@@ -113,7 +110,6 @@ class NormEps(Fault):
     kind: ClassVar[str] = "eps"
 
     def apply(self, plan):
-        _check_layer(self, self.layer, plan)
         if self.layer is None:
             plan.final_eps = self.eps
             plan.layer_eps = [self.eps] * plan.cfg.layers
@@ -155,7 +151,6 @@ class Activation(Fault):
             raise ValueError(f"act: unknown activation {self.act!r} (known: {sorted(ACTIVATIONS)})")
 
     def apply(self, plan):
-        _check_layer(self, self.layer, plan)
         layers = range(plan.cfg.layers) if self.layer is None else [self.layer]
         for i in layers:
             plan.acts[i] = self.act
@@ -174,7 +169,6 @@ class MissingActivation(Fault):
     kind: ClassVar[str] = "no_act"
 
     def apply(self, plan):
-        _check_layer(self, self.layer, plan)
         plan.acts[self.layer] = None
 
     def describe(self):
@@ -197,7 +191,6 @@ class ExtraOp(Fault):
             raise ValueError(f"extra_op: op must be 'scale' or an activation, got {self.op!r}")
 
     def apply(self, plan):
-        _check_layer(self, self.layer, plan)
         plan.extra_ops[self.layer] = ExtraOpSpec(self.op, self.value)
 
     def describe(self):

@@ -24,7 +24,7 @@ def run_side(cfg: Config, layout: str, faults=(), grad: bool = False, options=No
         raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     plan = SidePlan.clean(cfg, weights if weights is not None else init_weights(cfg))
     for fault in faults:
-        fault.check_layout(layout)
+        fault.check(cfg, layout)
         fault.apply(plan)
     kernels = plan.kernels()
     tokens = make_tokens(cfg)

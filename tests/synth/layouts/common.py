@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels import Kernels
-from ..model import Config
+from ..model import Config, rope_angles
 from ..plan import SidePlan
 from ..record import Recorder
 
@@ -26,7 +26,6 @@ class Side:
 
     def angles(self) -> np.ndarray:
         """RoPE angles ``[tokens, head_dim]`` for this side's theta."""
-        from ..model import rope_angles
         return rope_angles(self.positions, self.cfg.head_dim, self.plan.rope_theta)
 
 
