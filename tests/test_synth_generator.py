@@ -1,4 +1,5 @@
 """Tests of the synthetic msprobe dump generator (tests/synth)."""
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -454,7 +455,7 @@ def test_kernel_noise_makes_clean_pair_not_bit_identical(hf):
     assert np.max(np.abs(a - b)) / np.max(np.abs(b)) < 1e-4
 
 
-@pytest.mark.parametrize("fault", [
+FAULTS = [
     F.CorruptWeight("rollout", "embed"), F.CorruptWeight("rollout", "final_norm"),
     F.CorruptWeight("rollout", "lm_head"), F.CorruptWeight("rollout", "o", 0),
     F.CorruptWeight("rollout", "down", 3), F.CorruptWeight("rollout", "up", 0),
@@ -463,15 +464,26 @@ def test_kernel_noise_makes_clean_pair_not_bit_identical(hf):
     F.Activation("rollout", "gelu_tanh"), F.MissingActivation("rollout", 0),
     F.ExtraOp("rollout", 0, "relu"), F.HalfPrecision("rollout"), F.HalfPrecision("rollout", "lm_head"),
     F.KernelNoise("rollout"),
-])
-@pytest.mark.parametrize("rollout", ["vllm", "sglang"])
-def test_each_fault_changes_its_side_only(tmp_path, fault, rollout):
-    clean = synth.generate_pair(tmp_path / "clean", rollout_layout=rollout)
-    bad = synth.generate_pair(tmp_path / "bad", rollout_layout=rollout, faults=[fault])
-    assert (clean[0] / "dump.json").read_text() == (bad[0] / "dump.json").read_text()
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.describe())
+@pytest.mark.parametrize("side,layout", [("rollout", "vllm"), ("rollout", "sglang"),
+                                         ("train", "hf"), ("train", "hf_fsdp"),
+                                         ("train", "megatron"), ("train", "megatron_local")])
+def test_each_fault_changes_its_side_only(tmp_path, fault, side, layout):
+    fault = dataclasses.replace(fault, side=side)
+    if isinstance(fault, F.PermuteQKV) and layout.startswith("hf"):
+        pytest.skip("no fused qkv weight in HF layouts")
+    other = 0 if side == "rollout" else 1
+    kwargs = {f"{side}_layout": layout}
+    clean = synth.generate_pair(tmp_path / "clean", **kwargs)
+    bad = synth.generate_pair(tmp_path / "bad", faults=[fault], **kwargs)
+    assert (clean[other] / "dump.json").read_text() == (bad[other] / "dump.json").read_text()
+    # The last entry holds the logits in every layout.
     logits = lambda d: json.dumps(list(load(d)["data"].values())[-1]["output"])  # noqa: E731
-    assert logits(clean[1]) != logits(bad[1]), fault.describe()
-    assert fault.describe().startswith("rollout: ")
+    assert logits(clean[1 - other]) != logits(bad[1 - other]), fault.describe()
+    assert fault.describe().startswith(f"{side}: ")
 
 
 def test_faults_can_be_combined():
