@@ -95,13 +95,10 @@ class TableChecker:
     def __init__(self, path: str, text: str):
         self.path, self.text = path, text
         self.findings: list[Finding] = []
-        self.seen: set[tuple[int, str]] = set()
 
     def add(self, line: int, rule: str, message: str) -> None:
-        """Record a finding once, even when two passes notice the same thing on the same line."""
-        if (line, message) not in self.seen:
-            self.seen.add((line, message))
-            self.findings.append(Finding(self.path, line, rule, message))
+        """Record one finding."""
+        self.findings.append(Finding(self.path, line, rule, message))
 
     def check(self) -> list[Finding]:
         """Run every rule over every recognised table, then the document-wide credence pass."""
@@ -241,10 +238,12 @@ class TableChecker:
 
     def credences_in_prose(self) -> None:
         """Anywhere in the document, a credence word next to a number must agree with the scale."""
+        reported = {f.line for f in self.findings if f.rule == "CREDENCE"}
         for c in find_credences(self.text):
             problem = credence_problem(c.word, c.number)
-            if problem:
-                self.add(line_of(self.text, c.start), "CREDENCE", problem)
+            line = line_of(self.text, c.start)
+            if problem and line not in reported:
+                self.add(line, "CREDENCE", problem)
 
 
 def main() -> int:

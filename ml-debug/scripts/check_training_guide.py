@@ -29,7 +29,7 @@ CAPS = {"established observations": 5, "live explanations": 5, "next tests": 3}
 KNOWN_LABELS = REQUIRED_FIELDS + OPTIONAL_FIELDS + tuple(CAPS)
 LABEL = re.compile(r"^\s*(?:[-*]\s+)?\**([A-Za-z][A-Za-z ]*?)\**\s*:\**\s*(.*)$")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+\S")
+BULLET = re.compile(r"^\s*[-*+]\s+\S")
 INLINE_NUMBERED = re.compile(r"(?:^|\s)(\d+)[.)]\s+\S")
 FAILURE_LIST = re.compile(
     r"\b(?:possible|potential|candidate|likely|known)\s+(?:failure\s+)?(?:causes|failures|failure modes)"
@@ -156,11 +156,8 @@ def labelled_fields(body: list[tuple[int, str]]) -> dict[str, tuple[int, list[tu
 
 
 def count_items(content: list[tuple[int, str]]) -> int:
-    """Count list items: bullet or numbered lines, else inline `1. ... 2. ...` markers."""
-    bullets = sum(1 for _, t in content if LIST_ITEM.match(t))
-    if bullets:
-        return bullets
-    return len(INLINE_NUMBERED.findall(" ".join(t for _, t in content)))
+    """Count list items: one per bullet line, one per `N.` marker elsewhere (`1. a 2. b` is two)."""
+    return sum(1 if BULLET.match(t) else len(INLINE_NUMBERED.findall(t)) for _, t in content)
 
 
 class GuideChecker:
