@@ -1,0 +1,78 @@
+"""Command line of run_root_cause_analysis.py."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import evidence, report, sibling, triage
+
+SKILL_ROOT = Path(__file__).resolve().parents[2]
+PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
+                       "rollout_family", "naming", "tolerances")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Argument parser (compare options are passed through to the sibling skill)."""
+    ap = argparse.ArgumentParser(
+        prog="run_root_cause_analysis.py",
+        description="Regenerate output_1..4 with the sibling dump-module-mapping-value-compare skill, then find "
+                    "the first credible divergence between a train and a rollout dump and write "
+                    "output_5_root_cause_report.json (the markdown report is written by the agent).",
+        epilog="Exit codes: 0 the analysis ran (any verdict); 1 with --fail-on-finding when the verdict is not "
+               "no_credible_divergence; 2 usage or input error, or the sibling skill is missing or failed.")
+    ap.add_argument("--train", required=True, help="train-side dump.json, or a folder holding one")
+    ap.add_argument("--rollout", required=True, help="rollout-side dump.json, or a folder holding one")
+    ap.add_argument("--out-dir", required=True, help="folder for output_1..output_5")
+    for side in ("train", "rollout"):
+        ap.add_argument(f"--{side}-step", help="passed to the compare step")
+        ap.add_argument(f"--{side}-rank", help="passed to the compare step")
+        ap.add_argument(f"--{side}-family", help="passed to the compare step (hf, vllm, sglang, megatron)")
+    ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
+    ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
+    ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
+    ap.add_argument("--reuse-outputs", action="store_true",
+                    help="do not rerun the compare step; read existing output_1..4 in --out-dir")
+    ap.add_argument("--fail-on-finding", action="store_true",
+                    help="exit 1 when the verdict is anything but no_credible_divergence (for CI)")
+    ap.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return ap
+
+
+def _compare_argv(args) -> list[str]:
+    argv = ["--train", args.train, "--rollout", args.rollout, "--out-dir", args.out_dir]
+    for name in PASS_THROUGH_VALUES:
+        val = getattr(args, name)
+        if val is not None:
+            argv += [f"--{name.replace('_', '-')}", val]
+    if args.statistics_only:
+        argv.append("--statistics-only")
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    out = Path(args.out_dir)
+    try:
+        if not args.reuse_outputs:
+            sibling.run(sibling.locate(SKILL_ROOT), _compare_argv(args))
+        ev = evidence.load(out)
+        tri = triage.run(ev)
+        doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
+        report.write(out, doc)
+    except (sibling.SiblingError, evidence.EvidenceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback
+        import os
+        if os.environ.get("ROOTCAUSE_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+              f"(set ROOTCAUSE_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(report.summary(doc, out))
+    if args.fail_on_finding and doc["verdict"] != "no_credible_divergence":
+        return 1
+    return 0

@@ -1,0 +1,106 @@
+"""Hypotheses (each with what would confirm or refute it) and next checks, per finding.
+
+Kept as data keyed by category and module role so the reasoning stays reviewable; the
+placeholders name the modules and parameters of the finding at hand.
+"""
+from __future__ import annotations
+
+# role -> config keys worth reading on both sides
+CONFIG_KEYS = {
+    "input_norm": ["rms_norm_eps", "layernorm_epsilon", "layer_norm_eps", "norm dtype / fp32 residual settings"],
+    "post_norm": ["rms_norm_eps", "layernorm_epsilon", "layer_norm_eps", "norm dtype / fp32 residual settings"],
+    "final_norm": ["rms_norm_eps", "layernorm_epsilon", "final norm dtype"],
+    "q_norm": ["rms_norm_eps", "qk_layernorm"], "k_norm": ["rms_norm_eps", "qk_layernorm"],
+    "act": ["hidden_act", "activation_func", "gated_linear_unit / swiglu", "approximate (gelu tanh vs exact)"],
+    "mlp": ["hidden_act", "activation_func", "intermediate_size", "bias_swiglu_fusion"],
+    "attn": ["rope_theta", "rope_scaling", "partial_rotary_factor", "rotary interleaving (neox vs gptj)",
+             "sliding_window", "attn_logit_softcapping", "softmax scale / head_dim", "attention backend"],
+    "o": ["rope_theta", "rope_scaling", "attention backend", "softmax scale"],
+    "lm_head": ["lm_head dtype (fp32 lm_head)", "final_logit_softcapping", "tie_word_embeddings", "vocab padding"],
+    "logits": ["lm_head dtype (fp32 lm_head)", "final_logit_softcapping", "logits processor scale", "tie_word_embeddings"],
+    "embed": ["embedding scale (e.g. sqrt(hidden) in Gemma)", "vocab padding", "tie_word_embeddings"],
+}
+
+
+def config_keys(role: str | None) -> list[str]:
+    """Config keys that govern a module role (generic list when the role is unknown)."""
+    return CONFIG_KEYS.get(role or "", ["the module's configuration on both sides", "dtype / autocast settings"])
+
+
+def for_finding(f: dict) -> tuple[list[dict], list[str]]:
+    """Return (hypotheses, next_checks) for a finding dict built by the triage."""
+    cat, role = f["category"], f.get("role")
+    t, r = _names(f.get("train_module")), _names(f.get("rollout_module"))
+    keys = ", ".join(config_keys(role))
+    if cat == "parameter_or_checkpoint_issue":
+        params = ", ".join(f.get("evidence", {}).get("differing_parameters") or ["the module's weights"])
+        hyps = [
+            _h(f"The weight sync or checkpoint conversion left a different tensor in {r} (rollout) or {t} (train).",
+               "one side's tensor differs from the checkpoint while the other matches it",
+               "both sides match the checkpoint bit for bit (then the dump compared different tensors)"),
+            _h("The fused weight is packed in a different order than the other side expects "
+               "(q/k/v or gate/up rows, Megatron per-group layout).",
+               "the two weights hold the same values as a multiset (tensor dump) or the fused output "
+               "statistics match while the split parts at consumers differ",
+               "the multiset of values differs (a real corruption or stale weight)"),
+        ]
+        if f.get("evidence", {}).get("permuted_fused_rows"):
+            hyps.reverse()
+        checks = [f"Compare {params} of {t} (train) and {r} (rollout) with the checkpoint tensors they were "
+                  f"loaded from (hash per tensor, per layer).",
+                  "After a weight update, hash every rollout weight and compare with the trainer's "
+                  "(e.g. a check_weight_update_equal step) before generating.",
+                  "Rerun the rollout with weights loaded straight from the checkpoint (no sync): if the "
+                  "divergence disappears the sync path is at fault."]
+        return hyps, checks
+    if cat == "missing_or_extra_op_between_aligned_boundary":
+        op = f.get("op_module") or "the one-sided module"
+        missing = f.get("missing_on") or "the other side"
+        hyps = [
+            _h(f"{missing.capitalize()} does not apply the operation {op} performs (e.g. an activation dropped "
+               f"by a config or a code path).",
+               f"recomputing the boundary from the dumped tensors with the op reproduces the side that has it, "
+               f"without it the {missing} side",
+               f"the {missing} side applies the same op inline (then the naming profile misses it)"),
+            _h(f"Both sides apply an op here but different ones ({op} vs an inline implementation).",
+               "the function the other side uses differs (e.g. gelu vs silu, scale constant)",
+               "the inline implementation is identical"),
+        ]
+        checks = [f"Read the {missing} implementation of the module that holds this boundary and confirm "
+                  f"whether it applies {op}.", f"Compare config keys on both sides: {keys}.",
+                  "Recompute the downstream input from the upstream output in numpy with and without the op "
+                  "and see which side it reproduces."]
+        return hyps, checks
+    if cat == "in_module_impl_difference":
+        precision = f.get("evidence", {}).get("precision_boundary")
+        hyps = [
+            _h(f"A configuration value used inside {t or r} differs between the engines ({keys}).",
+               "the two configs differ in one of these keys, and recomputing with the other value reproduces "
+               "the other side", "all these keys agree"),
+            _h(f"The two engines implement {t or r} differently (kernel, fusion, cast order, precision).",
+               "running the same input through both implementations in isolation reproduces the gap",
+               "both implementations give the same output on the dumped input"),
+        ]
+        if precision:
+            hyps.insert(0, _h(f"One side computes {t or r} in lower precision ({precision}).",
+                              "the module's output dtype differs across sides and the gap matches that "
+                              "dtype's rounding", "forcing both sides to the same dtype leaves the gap"))
+        checks = [f"Read these config keys on both sides: {keys}.",
+                  f"Feed the dumped input of {t or r} to both implementations offline (tensor dump) and compare.",
+                  "Rerun both engines in fp32 / eager mode for this module to isolate kernel and precision effects."]
+        return hyps, checks
+    if cat == "upstream_propagation":
+        return ([_h("This module only carries a divergence that started upstream.",
+                    "fixing the upstream root cause removes it", "it persists after the upstream fix")],
+                ["Fix or explain the upstream root cause first, then re-dump."])
+    return [], []
+
+
+def _names(x) -> str:
+    if x is None:
+        return "-"
+    return ", ".join(x) if isinstance(x, list) else x
+
+
+def _h(statement: str, confirm: str, refute: str) -> dict:
+    return {"statement": statement, "confirm_if": confirm, "refute_if": refute}

@@ -1,0 +1,404 @@
+"""Deterministic triage: candidates -> structural screen -> boundary inspection -> category.
+
+Rules and their reasons are written up in references/analysis_rules.md; every function here
+implements one of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import credence, hypotheses
+from .evidence import Evidence
+
+DIVERGED = ("mismatch", "nonfinite")
+CLEAN = ("match", "drift")
+FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
+PRECISION_SPREAD = 0.5       # share of compared tensors with differing dtypes that means "a whole side"
+REALIGN_WINDOW = 3           # aligned modules after a suspect that are checked for realignment
+
+
+@dataclass
+class Triage:
+    """What the triage concluded (turned into output_5 by report.py)."""
+    verdict: str
+    root_causes: list[dict] = field(default_factory=list)
+    other_candidates: list[dict] = field(default_factory=list)
+    suppressed: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    precision: dict = field(default_factory=dict)
+
+
+def _is_diverged(m: dict) -> bool:
+    return m["output_status"] in DIVERGED or m["parameter_status"] in DIVERGED
+
+
+def candidates(ev: Evidence) -> list[dict]:
+    """Rule 1: module_priority_rank 1 and 2, in execution order (all of them, not the first)."""
+    return [m for m in ev.modules if m["module_priority_rank"] in (1, 2)]
+
+
+def _path_names(paths: list[str]):
+    if not paths:
+        return None
+    return paths[0] if len(paths) == 1 else list(paths)
+
+
+def previous_aligned(ev: Evidence, m: dict) -> dict | None:
+    """Rule 3: the aligned module just before ``m`` in the same layer (same block preferred)."""
+    i = ev.pos[m["pid"]]
+    same_layer = [x for x in ev.modules[:i] if x["layer"] == m["layer"] and not x["is_container"]
+                  and x["pid"] != m["pid"] and not _contains(m, x)]
+    same_block = [x for x in same_layer if x["block"] == m["block"]]
+    pick = (same_block or same_layer)
+    if pick:
+        return pick[-1]
+    earlier = [x for x in ev.modules[:i] if not x["is_container"]]
+    return earlier[-1] if earlier else None
+
+
+def _contains(outer: dict, inner: dict) -> bool:
+    if len(outer["train_modules"]) != 1:
+        return False
+    prefix = outer["train_modules"][0] + "."
+    return all(t.startswith(prefix) for t in inner["train_modules"])
+
+
+def enclosing_container(ev: Evidence, m: dict) -> dict | None:
+    """The innermost container pair whose train path holds ``m``."""
+    best = None
+    for x in ev.modules:
+        if x["is_container"] and _contains(x, m):
+            if best is None or len(x["train_modules"][0]) > len(best["train_modules"][0]):
+                best = x
+    return best
+
+
+def one_sided_between(ev: Evidence, start: dict | None, end: dict) -> list[dict]:
+    """Rule 3: train-only and rollout-only modules between an aligned boundary and the suspect."""
+    lo = ev.pos[start["pid"]] if start else -1
+    hi = ev.pos[end["pid"]]
+    out = []
+    for o in ev.one_sided:
+        if o["layer"] != end["layer"] or o["role"] in ("wrapper", "model", "root"):
+            continue
+        b = ev.pos.get(o["before_pair"], -1) if o["before_pair"] else -1
+        a = ev.pos.get(o["after_pair"], len(ev.modules)) if o["after_pair"] else len(ev.modules)
+        if b >= lo and a <= hi:
+            out.append(o)
+    return out
+
+
+def _children_span(ev: Evidence, container: dict) -> dict | None:
+    kids = [x for x in ev.modules if x is not container and _contains(container, x)]
+    return min(kids, key=lambda k: ev.pos[k["pid"]]) if kids else None
+
+
+def _results(ev: Evidence, m: dict, io: str) -> list[dict]:
+    return [ev.results[p["cid"]] for p in m["points"][io] if p.get("cid") in ev.results]
+
+
+def realigns(ev: Evidence, m: dict) -> bool:
+    """Rule 5: the next aligned modules after a suspect agree again."""
+    i = ev.pos[m["pid"]]
+    later = [x for x in ev.modules[i + 1:] if not x["is_container"] and x["output_status"] in CLEAN + DIVERGED]
+    window = later[:REALIGN_WINDOW]
+    return bool(window) and all(x["output_status"] in CLEAN for x in window)
+
+
+def reaches_output(ev: Evidence) -> bool | None:
+    """Whether the model's final output (logits or final norm) differs."""
+    heads = [x for x in ev.modules if x["role"] in ("lm_head", "logits", "final_norm")
+             and x["output_status"] in CLEAN + DIVERGED]
+    return None if not heads else heads[-1]["output_status"] in DIVERGED
+
+
+def _lower_precision_side(ev: Evidence, m: dict) -> str | None:
+    order = {"float64": 4, "float32": 3, "float16": 2, "bfloat16": 1}
+    for r in _results(ev, m, "out"):
+        if r.get("dtype_differs"):
+            def rank(side):
+                d = (r[side]["dtypes"] or [None])[0] or ""
+                return order.get(d.replace("torch.", ""), 0)
+            t, ro = rank("train"), rank("rollout")
+            if t != ro:
+                return "train" if t < ro else "rollout"
+    return None
+
+
+def _fused_side(m: dict) -> str | None:
+    if len(m["rollout_modules"]) == 1 and len(m["train_modules"]) > 1:
+        return "rollout"
+    if len(m["train_modules"]) == 1 and len(m["rollout_modules"]) > 1:
+        return "train"
+    return None
+
+
+def _permuted_parts(ev: Evidence, m: dict) -> bool:
+    """Reverse trap: the fused output's statistics agree, a part seen by a consumer does not."""
+    if m["kind"] != "composite":
+        return False
+    outs = m["points"]["out"]
+    whole = [p for p in outs if "+" in p["point"] and p["status"] in CLEAN]
+    parts = [p for p in outs if "+" not in p["point"] and p["status"] in DIVERGED]
+    return bool(whole) and bool(parts)
+
+
+def _multiset_equal(ev: Evidence, m: dict) -> bool:
+    return any((r.get("tensor_metrics") or {}).get("multiset_equal") for r in _results(ev, m, "param"))
+
+
+def _mini(m: dict | None) -> dict | None:
+    if m is None:
+        return None
+    return {"pair": m["pid"], "train_module": _path_names(m["train_modules"]),
+            "rollout_module": _path_names(m["rollout_modules"]), "output_status": m["output_status"]}
+
+
+def _one_sided_view(o: dict) -> dict:
+    return {"side": o["side"], "module": o["module"], "class": o["class"], "expected": o["expected"],
+            "activation_like": o["activation_like"], "reason": o["reason"],
+            "point_status": o.get("point_status", {})}
+
+
+def classify(ev: Evidence, m: dict) -> dict:
+    """Rules 3-4: inspect the boundary of one suspect and decide its category and side."""
+    prev = previous_aligned(ev, m)
+    ev_info = {
+        "pair": m["pid"], "status": m["status"], "rank_reason": m["rank_reason"],
+        "module_priority_rank": m["module_priority_rank"],
+        "input_status": m["input_status"], "input_status_source": m["input_status_source"],
+        "parameter_status": m["parameter_status"], "output_status": m["output_status"],
+        "amplification": m["amplification"], "previous_aligned": _mini(prev),
+        "differing_points": [p["point"] for io in ("in", "param", "out") for p in m["points"][io]
+                             if p["status"] in DIVERGED],
+        "differing_parameters": [p["point"] for p in m["points"]["param"] if p["status"] in DIVERGED],
+        "output_error_margin": max((p["margin"] for p in m["points"]["out"]
+                                    if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)),
+                                   default=None),
+    }
+    f = {"category": None, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
+         "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],
+         "evidence": ev_info}
+    if m["status"] == "parameter_mismatch" or _permuted_parts(ev, m):
+        f["category"] = "parameter_or_checkpoint_issue"
+        permuted = _permuted_parts(ev, m) or _multiset_equal(ev, m)
+        ev_info["permuted_fused_rows"] = permuted
+        side = _fused_side(m) if permuted else None
+        if side:
+            f["side"] = side
+            f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
+                                f"order; the unfused parts on the other side are consistent with each other")
+        else:
+            f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
+                                "each with the checkpoint to decide")
+        return f
+    if m["dtype_boundary"] and m["status"] == "origin":
+        f["category"] = "in_module_impl_difference"
+        side = _lower_precision_side(ev, m)
+        ev_info["precision_boundary"] = f"{side} side in lower precision" if side else "dtypes differ"
+        f["side"] = side or "undetermined"
+        f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
+                            "module agreed" if side else "dtypes differ but neither is clearly lower")
+        return f
+    if m["status"] == "origin" and not m["is_container"]:
+        f["category"] = "in_module_impl_difference"
+        f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference is "
+                            "in how it computes: compare its configuration on both sides to decide")
+        if m["input_status_source"] != "compared":
+            ev_info["inputs_inferred"] = True
+        return f
+    # A container origin or an input divergence behind a clean aligned boundary: look between.
+    if m["is_container"]:
+        start = _children_span(ev, m)
+        start = previous_aligned(ev, start) if start else prev
+        region = m
+    else:
+        start, region = prev, m
+    between = one_sided_between(ev, start, region)
+    ev_info["boundary"] = _mini(start)
+    ev_info["one_sided_between"] = [_one_sided_view(o) for o in between]
+    unexplained = [o for o in between if not o["expected"]]
+    if unexplained:
+        op = sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0]
+        f["category"] = "missing_or_extra_op_between_aligned_boundary"
+        f["side"] = op["side"]
+        f["missing_on"] = "train" if op["side"] == "rollout" else "rollout"
+        f["op_module"] = op["module"]
+        f["side_reason"] = (f"{op['module']} exists only on the {op['side']} side between two aligned modules "
+                            f"whose boundary breaks; the naming profiles do not expect it there")
+        f["train_module" if op["side"] == "train" else "rollout_module"] = op["module"]
+        f["train_module" if op["side"] == "rollout" else "rollout_module"] = None
+        ev_info["suspect_pair"] = _mini(m)
+        ev_info["activation_like_clue"] = op["activation_like"]
+        return f
+    container = m if m["is_container"] else enclosing_container(ev, m)
+    f["category"] = "in_module_impl_difference"
+    if container is not None and container is not m:
+        f["train_module"] = _path_names(container["train_modules"])
+        f["rollout_module"] = _path_names(container["rollout_modules"])
+        f["role"] = container["role"]
+        ev_info["suspect_pair"] = _mini(m)
+        ev_info["container_pair"] = container["pid"]
+    expected = [o["module"] for o in between if o["expected"]]
+    f["side_reason"] = ("the difference arises between aligned modules, inside computation both sides do "
+                        + (f"(one-sided by design: {', '.join(expected)})" if expected else "inline")
+                        + "; compare its configuration on both sides to decide")
+    return f
+
+
+def confidence(ev: Evidence, f: dict, m: dict) -> tuple[float, list[str]]:
+    """Rule 5: a number in [0, 1] with the reasons that moved it."""
+    e, why = f["evidence"], []
+    cat = f["category"]
+    if cat == "parameter_or_checkpoint_issue":
+        c = 0.9 if m["input_status"] in CLEAN or m["input_status"] == "none" else 0.75
+    elif cat == "missing_or_extra_op_between_aligned_boundary":
+        c = 0.9 if e.get("activation_like_clue") else 0.75
+    elif e.get("precision_boundary"):
+        c = 0.7
+    elif e.get("inputs_inferred"):
+        c = 0.5
+    elif e.get("container_pair") or m["is_container"]:
+        c = 0.65
+    else:
+        c = 0.8
+    margin = e.get("output_error_margin")
+    if margin is not None and margin < 2 and not e.get("precision_boundary"):
+        c -= 0.15
+        why.append("output differs only slightly beyond tolerance")
+    reach = reaches_output(ev)
+    if reach is False and m["role"] not in ("lm_head", "logits", "final_norm"):
+        c -= 0.2
+        why.append("the divergence does not reach the model output (internal mismatch only)")
+    if realigns(ev, m):
+        if m["kind"] in FUSED_KINDS or e.get("permuted_fused_rows"):
+            why.append("later modules realign, explained by the fused boundary")
+        else:
+            c -= 0.25
+            why.append("later neighbouring modules realign without a boundary explanation")
+    return credence.clamp(c), why
+
+
+def screen(ev: Evidence, m: dict) -> str | None:
+    """Rule 2: a structural reason to drop a candidate, or None to keep it."""
+    if m["kind"] in FUSED_KINDS and m["status"] != "parameter_mismatch" and not _permuted_parts(ev, m) \
+            and realigns(ev, m) and not m["dtype_boundary"]:
+        return (f"{m['kind']} pair ({m['note'] or 'fused vs unfused'}): its mismatch vanishes in the next "
+                f"aligned modules, the signature of a layout difference rather than a fault")
+    outs = _results(ev, m, "out")
+    if outs and all(r["status"] == "structural" for r in outs):
+        return "; ".join(sorted({r.get("reason") or "structural" for r in outs}))
+    return None
+
+
+def structural_records(ev: Evidence) -> list[dict]:
+    """Comparisons the compare step itself judged structural, and fused/by-design pairs."""
+    out = []
+    for r in ev.compare.get("results", []):
+        if r["status"] == "structural":
+            out.append({"train_module": _path_names(r["train"]["modules"]),
+                        "rollout_module": _path_names(r["rollout"]["modules"]),
+                        "reason": f"{r['point']}: {r.get('reason')}"})
+    for m in ev.modules:
+        if m["kind"] in FUSED_KINDS and m["status"] not in ("origin", "parameter_mismatch"):
+            reason = m["note"] or "fused module compared through the combined statistics of its parts"
+            out.append({"train_module": _path_names(m["train_modules"]),
+                        "rollout_module": _path_names(m["rollout_modules"]),
+                        "reason": f"{m['kind']}: {reason}"})
+    return out
+
+
+def precision_profile(ev: Evidence) -> dict:
+    """How widespread dtype differences are, and whether errors grow with depth."""
+    graded = [r for r in ev.compare.get("results", []) if r["status"] in CLEAN + DIVERGED and r.get("pair") is None]
+    differ = [r for r in graded if r.get("dtype_differs")]
+    by_layer: dict[int, list[float]] = {}
+    for r in graded:
+        head = r["point"].split(".")[0]
+        if head.startswith("L") and head[1:].isdigit() and r.get("error") is not None \
+                and isinstance(r["error"], (int, float)) and ".weight" not in r["point"]:
+            by_layer.setdefault(int(head[1:]), []).append(float(r["error"]))
+    med = {k: sorted(v)[len(v) // 2] for k, v in sorted(by_layer.items())}
+    layers = list(med)
+    grows = len(layers) >= 2 and med[layers[-1]] >= med[layers[0]]
+    return {"compared": len(graded), "dtype_differs": len(differ),
+            "dtype_differs_share": round(len(differ) / len(graded), 3) if graded else 0.0,
+            "median_error_by_layer": med, "error_grows_with_depth": grows}
+
+
+def run(ev: Evidence) -> Triage:
+    """Apply every rule and decide the verdict."""
+    comp = ev.analysis.get("comparability", {"comparable": True, "reasons": []})
+    tri = Triage(verdict="no_credible_divergence", suppressed=structural_records(ev))
+    tri.precision = precision_profile(ev)
+    if ev.analysis.get("partial"):
+        tri.notes.append("partial analysis: at least one dump was damaged and only its readable part was used")
+    if not comp.get("comparable", True):
+        tri.verdict = "inconclusive"
+        tri.notes += [f"not comparable: {r}" for r in comp.get("reasons", [])]
+        return tri
+    found: list[tuple[dict, dict]] = []
+    for m in candidates(ev):
+        reason = screen(ev, m)
+        if reason:
+            tri.suppressed.append({"train_module": _path_names(m["train_modules"]),
+                                   "rollout_module": _path_names(m["rollout_modules"]), "reason": reason})
+            continue
+        f = classify(ev, m)
+        if found and m["input_status"] in DIVERGED and f["category"] == "in_module_impl_difference" \
+                and f["evidence"].get("inputs_inferred"):
+            f["category"] = "upstream_propagation"
+        f["confidence"], f["confidence_notes"] = confidence(ev, f, m)
+        f["confidence_word"] = credence.word(f["confidence"])
+        f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+        if f["category"] == "upstream_propagation":
+            tri.other_candidates.append(f)
+        else:
+            found.append((f, m))
+    _propagation_examples(ev, tri, found)
+    share = tri.precision["dtype_differs_share"]
+    precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
+    any_diverged = any(r["status"] in DIVERGED for r in ev.compare.get("results", []))
+    if found and not (share >= PRECISION_SPREAD and len(precision_found) == len(found)):
+        tri.verdict = "root_cause_found"
+        tri.root_causes = _ranked([f for f, _ in found])
+    elif found or (share >= PRECISION_SPREAD and _any_drift(ev)):
+        tri.verdict = "precision_only"
+        tri.other_candidates += [f for f, _ in found]
+        tri.notes.append(f"{share:.0%} of compared tensors differ in dtype between the sides: differences "
+                         "spread from the first modules and stay within the lower dtype's noise")
+    elif any_diverged:
+        tri.verdict = "inconclusive"
+        tri.notes.append("some tensors differ but no credible origin was found among aligned modules; "
+                         "see output_4 for the first divergence")
+    if tri.verdict == "no_credible_divergence" and ev.analysis.get("partial"):
+        tri.verdict = "inconclusive"
+    return tri
+
+
+def _any_drift(ev: Evidence) -> bool:
+    return any(r["status"] in ("drift",) + DIVERGED for r in ev.compare.get("results", []))
+
+
+def _ranked(found: list[dict]) -> list[dict]:
+    order = sorted(found, key=lambda f: (-f["confidence"],))
+    for i, f in enumerate(order, 1):
+        f["rank"] = i
+    return order
+
+
+def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
+    """Modules right after each root cause that only carry its divergence (category upstream_propagation)."""
+    for f, m in found:
+        i = ev.pos[m["pid"]]
+        after = [x for x in ev.modules[i + 1:] if x["status"] == "propagated" and x["module_priority_rank"] == 3
+                 and x["parameter_status"] not in DIVERGED][:2]
+        for x in after:
+            tri.other_candidates.append({
+                "category": "upstream_propagation", "side": "both",
+                "train_module": _path_names(x["train_modules"]), "rollout_module": _path_names(x["rollout_modules"]),
+                "layer": x["layer"], "role": x["role"], "confidence": 0.9,
+                "confidence_word": credence.word(0.9),
+                "evidence": {"pair": x["pid"], "input_status": x["input_status"],
+                             "parameter_status": x["parameter_status"], "output_status": x["output_status"],
+                             "explained_by": f["evidence"]["pair"]}})
