@@ -33,7 +33,8 @@ def for_finding(f: dict) -> tuple[list[dict], list[str]]:
     t, r = _names(f.get("train_module")), _names(f.get("rollout_module"))
     keys = ", ".join(config_keys(role))
     if cat == "parameter_or_checkpoint_issue":
-        params = ", ".join(f.get("evidence", {}).get("differing_parameters") or ["the module's weights"])
+        names = sorted({p.split("+")[0].rsplit(".", 1)[-1] for p in f.get("evidence", {}).get("differing_parameters", [])})
+        params = "the " + (", ".join(names) if names else "weights")
         hyps = [
             _h(f"The weight sync or checkpoint conversion left a different tensor in {r} (rollout) or {t} (train).",
                "one side's tensor differs from the checkpoint while the other matches it",

@@ -74,7 +74,19 @@ def _name(x) -> str:
 
 def summary(doc: dict, out_dir: Path) -> str:
     """A few lines for the terminal: verdict, top cause, where to look next."""
-    lines = [f"verdict: {doc['verdict']}"]
+    lines = []
+    s = doc.get("summary") or {}
+    if s:
+        lines.append(f"mapping: {s.get('pairs')} pairs; coverage train {s.get('mapped_train_modules')}/"
+                     f"{s.get('train_modules')}, rollout {s.get('mapped_rollout_modules')}/{s.get('rollout_modules')}; "
+                     f"one-sided train {s.get('train_only')}, rollout {s.get('rollout_only')}")
+    fd = doc.get("first_divergence") or {}
+    if fd.get("pair"):
+        lines.append(f"first divergence: {_name(fd.get('train_modules'))} (train) <-> "
+                     f"{_name(fd.get('rollout_modules'))} (rollout), tensor {fd.get('point')}")
+    else:
+        lines.append("first divergence: none beyond tolerance")
+    lines.append(f"verdict: {doc['verdict']}")
     if doc["root_causes"]:
         top = doc["root_causes"][0]
         extra = f", missing on {top['missing_on']}" if top.get("missing_on") else ""
