@@ -25,8 +25,8 @@ ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|etc|vs|cf)\.", re.IGNORECASE)
 EXPOSES = re.compile(r"\b(metric|arm|control|placebo|baseline|probe|expose[sd]?|caught|detected|"
                      r"revealed|shown|shows)\b|->|\u2192", re.IGNORECASE)
 ARMS = ("bare", "treatment", "reversed", "placebo")
-BASELINE = re.compile(r"\bbaseline\b|\b(beats?|outperforms?|vs\.?|versus|against|compared (with|to)|"
-                      r"than)\s+(?:the\s+|a\s+)?(?!chance\b|random\b)\w", re.IGNORECASE)
+BASELINE = re.compile(r"\bbaseline\b|\b(beats?|outperforms?|vs\.?|versus|compared (with|to)|"
+                      r"better than)\s+(?:the\s+|a\s+)?(?!chance\b|random\b)\w", re.IGNORECASE)
 METRIC = re.compile(r"\bmetric\b|\bon\s+(?:the\s+)?[\w@/-]+|\b(accuracy|f1|auc|loss|bleu|rouge|"
                     r"pass@\d+|exact match|win rate|mse|mae|rmse|perplexity|reward|return|score)\b",
                     re.IGNORECASE)

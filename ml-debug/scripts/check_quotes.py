@@ -80,7 +80,7 @@ def found(quote: str, lines: list[str]) -> bool:
     if any(quote in line for line in lines):
         return True
     pieces = [p for p in ELLIPSIS.split(quote) if p]
-    if len(pieces) < 2:
+    if not ELLIPSIS.search(quote) or not pieces:
         return False
     for line in lines:
         pos = 0

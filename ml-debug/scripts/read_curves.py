@@ -61,7 +61,8 @@ def spikes(values: np.ndarray, z_limit: float) -> list[tuple[int, float]]:
         return []
     resid = np.array([values[i] - np.median(values[i - half:i + half + 1]) for i in range(half, n - half)])
     value_range = float(np.ptp(values))
-    scale = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-3 * value_range)
+    # The floor keeps a noiseless curve's kinks (a warmup peak, a V) from counting as spikes.
+    scale = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-2 * value_range)
     if scale == 0:
         return []
     z = np.abs(resid) / scale
