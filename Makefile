@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/demo
 
-.PHONY: setup demo test fuzz bench clean
+.PHONY: setup demo test clean
 
 setup: $(STAMP)
 
