@@ -88,14 +88,15 @@ def anomalies(records: list[Record], score_key: str, text_key: str | None,
     lengths = np.log1p([len(texts[r.line]) for r in records])
     if len(records) >= 8:
         med = float(np.median(lengths))
-        mad = 1.4826 * float(np.median(np.abs(lengths - med)))
-        if mad > 0:
-            for r, length in zip(records, lengths):
-                z = (length - med) / mad
-                if abs(z) > LENGTH_Z:
-                    kind = "long" if z > 0 else "short"
-                    reasons[r.line].append(f"output unusually {kind} ({len(texts[r.line])} chars, "
-                                           f"robust z {z:+.1f} on log length)")
+        # Floor of 0.1 (about 10% in length) so near-identical lengths do not make every
+        # small difference an outlier.
+        scale = max(1.4826 * float(np.median(np.abs(lengths - med))), 0.1)
+        for r, length in zip(records, lengths):
+            z = (length - med) / scale
+            if abs(z) > LENGTH_Z:
+                kind = "long" if z > 0 else "short"
+                reasons[r.line].append(f"output unusually {kind} ({len(texts[r.line])} chars, "
+                                       f"robust z {z:+.1f} on log length)")
     return reasons
 
 
