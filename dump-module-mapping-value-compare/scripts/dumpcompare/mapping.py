@@ -265,7 +265,6 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
         layout_of[s] = lay
     plans: list[PointPlan] = []
     used = {"train": set(), "rollout": set()}
-    order_key = lambda p: (carriers["train"].get(p) or Carrier(10**12, "", "")).rec
 
     def add(point, kind, tr, ro):
         axis = "rows" if point.split("+")[0].rsplit(".", 1)[-1] in _PARAM_NAMES or _is_param(point, tr, ro) else "features"

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..errors import InputError
+from ..errors import read_user_yaml
 from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import tensors as T
@@ -55,12 +55,7 @@ def load_tolerances(user_file: str | None = None) -> dict:
     """Built-in tolerances, with a user YAML merged over them (safe loader only)."""
     tol = yaml.safe_load(_TOL_FILE.read_text(encoding="utf-8"))
     if user_file:
-        try:
-            extra = yaml.safe_load(Path(user_file).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"{user_file}: cannot read tolerances ({' '.join(str(exc).split())})") from None
-        if not isinstance(extra, dict):
-            raise InputError(f"{user_file}: tolerances must be a YAML mapping")
+        extra = read_user_yaml(user_file, "tolerances")
         for section in ("statistics", "tensor"):
             if isinstance(extra.get(section), dict):
                 for k, v in extra[section].items():

@@ -5,7 +5,7 @@ import math
 import re
 from typing import Any
 
-from ..records import BACKWARD, FORWARD, PARAM_GRAD, Entry, Leaf
+from ..records import BACKWARD, PARAM_GRAD, Entry, Leaf
 
 # Module.<path>.<Class>.forward.<n>; the path may be empty when the dumped root is a wrapper.
 _MODULE_RE = re.compile(r"^Module\.(?:(?P<path>.+)\.)?(?P<cls>[^.]+)\."

@@ -9,11 +9,10 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from ..errors import InputError
+from ..errors import read_user_yaml
 from ..records import FORWARD, Dump, Entry
 
 _BUILTIN = Path(__file__).with_name("profiles.yaml")
@@ -80,18 +79,8 @@ def load_profiles(user_file: str | None = None) -> dict:
     """Built-in profiles merged with an optional user YAML file (read with a safe loader)."""
     prof = _builtin()
     if user_file:
-        try:
-            extra = yaml.safe_load(Path(user_file).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"{user_file}: cannot read naming profile ({_one_line(exc)})") from None
-        if not isinstance(extra, dict):
-            raise InputError(f"{user_file}: naming profile must be a YAML mapping")
-        prof = _merge(prof, extra)
+        prof = _merge(prof, read_user_yaml(user_file, "naming profile"))
     return prof
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
 
 
 @lru_cache(maxsize=1)
