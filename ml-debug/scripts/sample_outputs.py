@@ -3,11 +3,11 @@
 
 The random pick is seeded and stable: rows are ranked by a hash of the seed and the row id, so
 adding rows or reordering the file does not change which existing row is drawn. Best and worst
-are by the score key (ties broken by line). Anomalous rows are those with a missing or non-finite
-score, an empty output, the same output for different inputs, an output copying its input, an output whose
-length is far from the rest, a phrase repeated in a loop, or a refusal. The sampling rule is printed
-with the rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group gets its own
-picks. Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
+are by the score key (ties broken by line). Anomalous rows have a missing or non-finite score, an
+empty output, the same output as rows with other inputs, an output copying its input, a length far
+from the rest, a phrase repeated in a loop, or a refusal. The sampling rule is printed with the
+rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group gets its own picks.
+Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, st
     rule = (f"sampling rule: random = the {args.k} row(s) with the smallest sha256('{args.seed}:<"
             f"{id_key or 'line number'}>'); best/worst = highest/lowest '{score_key}' (ties: earlier "
             f"line); anomalous = every row failing a check (non-finite score"
-            + (f", empty, duplicate, copied input, length |z|>{LENGTH_Z}, repeated phrase, refusal"
+            + (f", empty, same output for other inputs, copied input, length |z|>{LENGTH_Z}, "
+               f"repeated phrase, refusal"
                f" on '{text_key}'" if text_key else "; no text key, so output checks skipped") + ")"
             + (f"; per '{args.group_key}'" if args.group_key else ""))
     out_lines = [f"{path}: {len(records)} rows", rule]
