@@ -77,12 +77,18 @@ _CACHE: dict[str, tuple[Outputs, Path, Path]] = {}
 
 
 def synth_pair(base: Path, *, train="hf", rollout="vllm", faults=(), task="statistics",
-               tensor_format="npy", layers=3, extra=(), **gen_kw) -> tuple[Outputs, Path, Path]:
-    """Generate a synthetic pair (cached per arguments), compare it; returns (outputs, train, rollout)."""
-    key = repr((train, rollout, faults, task, tensor_format, layers, extra, sorted(gen_kw.items())))
+               tensor_format="npy", layers=3, config=None, extra=(), **gen_kw) -> tuple[Outputs, Path, Path]:
+    """Generate a synthetic pair (cached per arguments), compare it; returns (outputs, train, rollout).
+
+    ``config`` holds further ``synth.Config`` fields, ``extra`` further CLI arguments, ``gen_kw``
+    further ``synth.generate_pair`` arguments (layout options).
+    """
+    config = dict(config or {})
+    key = repr((train, rollout, faults, task, tensor_format, layers, sorted(config.items()), extra,
+                sorted(gen_kw.items())))
     if key not in _CACHE:
         root = Path(base) / f"s{len(_CACHE)}"
-        tdir, rdir = synth.generate_pair(root / "dumps", synth.Config(layers=layers),
+        tdir, rdir = synth.generate_pair(root / "dumps", synth.Config(layers=layers, **config),
                                          train_layout=train, rollout_layout=rollout, faults=faults,
                                          task=task, tensor_format=tensor_format, **gen_kw)
         _CACHE[key] = (run_cli(tdir, rdir, root / "out", *extra), tdir, rdir)
