@@ -91,6 +91,30 @@ def analyze(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def analyze_pair(tmp_path_factory):
+    """``analyze_pair(train, rollout, *extra_args)`` on existing dumps -> result (as ``analyze``), cached."""
+    cache = {}
+
+    def run(train, rollout, *extra):
+        key = (str(train), str(rollout), extra)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("pair") / "out"
+            code, stdout, stderr = run_main(["--train", train, "--rollout", rollout, "--out-dir", out, *extra])
+            assert code == 0, f"analysis failed ({code}): {stderr}"
+            cache[key] = SimpleNamespace(code=code, doc=load_report(out), stdout=stdout, out=out,
+                                         train=train, rollout=rollout)
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture
+def cli():
+    """``cli(*argv)`` runs ``rootcause.cli.main`` in-process -> (exit code, stdout, stderr)."""
+    return lambda *argv: run_main(list(argv))
+
+
+@pytest.fixture(scope="session")
 def msprobe_samples(tmp_path_factory) -> Path:
     """Folder holding the real msprobe acceptance samples.
 
