@@ -9,10 +9,9 @@ other than chance and a metric. Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 
-import argparse
 import re
 
-from mldebug_common import Finding, read_text, report, run
+from mldebug_common import Finding, check_documents, run
 
 TOOL = "check_evidence_criteria"
 KEYS = ("GOAL", "OPTIMISING", "PERVERSE SATISFACTIONS", "EVIDENCE A", "EVIDENCE B", "ELSE")
@@ -146,18 +145,10 @@ def check_perverse(entry: tuple[int, list[str]], add) -> None:
 
 
 def main() -> int:
-    """Parse arguments, check each file, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="check_evidence_criteria.py", description=__doc__.split("\n\n")[0],
-        epilog="Template: ml-debug/assets/AGENTS_evidence_block.md. Exit 0 clean, 1 findings, "
-               "2 unreadable input.")
-    parser.add_argument("files", nargs="+", metavar="AGENTS.md", help="file(s) holding the block")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
-    args = parser.parse_args()
-    findings: list[Finding] = []
-    for path in args.files:
-        findings += check_block(path, read_text(path))
-    return report(TOOL, args.files, findings, args.json)
+    """Check each file given on the command line and return the exit code."""
+    return check_documents(TOOL, __doc__, "Template: ml-debug/assets/AGENTS_evidence_block.md. "
+                           "Exit 0 clean, 1 findings, 2 unreadable input.", "AGENTS.md",
+                           "file(s) holding the block", check_block)
 
 
 if __name__ == "__main__":

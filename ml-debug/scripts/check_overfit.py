@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from mldebug_common import Finding, InputError, fmt_num, load_metric_log, report, run
+from mldebug_common import (Finding, InputError, fmt_num, load_metric_log, make_parser,
+                            report_each, run)
 
 TOOL = "check_overfit"
 
@@ -24,7 +25,7 @@ def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str
     """Judge one log; return findings, the JSON summary and the human summary."""
     log = load_metric_log(path, args.format)
     keys = log.keys()
-    metric = args.metric or ("loss" if "loss" in keys else next((k for k in keys if "loss" in k.lower()), None))
+    metric = args.metric or next((k for k in ["loss", *keys] if k in keys and "loss" in k.lower()), None)
     if metric is None or metric not in keys:
         raise InputError(f"{path}: no loss column{f' {metric!r}' if metric else ''} "
                          f"(keys: {', '.join(keys)}); pass --metric")
@@ -71,28 +72,22 @@ def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str
 
 def main() -> int:
     """Parse arguments, judge each log, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="check_overfit.py", description=__doc__.split("\n\n")[0],
-        epilog="Exit 0 near zero, 1 not near zero or other findings, 2 unreadable input.")
+    parser = make_parser("check_overfit.py", __doc__,
+                         "Exit 0 near zero, 1 not near zero or other findings, 2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="LOG", help="loss log of the overfit run")
     parser.add_argument("--metric", help="loss column (default: loss, else the first key containing 'loss')")
     parser.add_argument("--step-key", help="key that orders rows (default: step, iter, epoch ...)")
     parser.add_argument("--format", choices=("jsonl", "csv", "text"), help="override format detection")
-    parser.add_argument("--target", type=float, default=0.05, help="absolute near-zero threshold (default 0.05)")
+    parser.add_argument("--target", type=float, default=0.05,
+                        help="absolute near-zero threshold (default 0.05)")
     parser.add_argument("--relative", type=float, metavar="R",
                         help="instead of --target, pass when final <= R x the first value")
-    parser.add_argument("--num-classes", type=int, metavar="C", help="also compare the first value with ln(C)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("--num-classes", type=int, metavar="C",
+                        help="also compare the first value with ln(C)")
     args = parser.parse_args()
     if args.num_classes is not None and args.num_classes < 2:
         raise InputError("--num-classes must be at least 2")
-    findings, results, texts = [], [], []
-    for path in args.files:
-        f, r, t = check(path, args)
-        findings += f
-        results.append(r)
-        texts.append(t)
-    return report(TOOL, args.files, findings, args.json, {"runs": results}, "\n".join(texts))
+    return report_each(TOOL, args.files, args.json, lambda path: check(path, args), "runs", "\n")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ line count. Exit 0 all found, 1 a quote is missing or the report quotes nothing,
 """
 from __future__ import annotations
 
-import argparse
 import re
 
-from mldebug_common import Finding, line_of, parse_tables, read_text, report, run
+from mldebug_common import Finding, line_of, make_parser, parse_tables, read_text, report, run
 
 TOOL = "check_quotes"
 QUOTE_COLUMNS = ("quoted line", "quote", "log line")
@@ -96,12 +95,10 @@ def found(quote: str, lines: list[str]) -> bool:
 
 def main() -> int:
     """Parse arguments, match every quote, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="check_quotes.py", description=__doc__.split("\n\n")[0],
-        epilog="Exit 0 all quotes found, 1 missing quotes or none at all, 2 unreadable input.")
+    parser = make_parser("check_quotes.py", __doc__,
+                         "Exit 0 all quotes found, 1 missing quotes or none at all, 2 unreadable input.")
     parser.add_argument("report_file", metavar="REPORT.md", help="the reply or report that quotes logs")
     parser.add_argument("logs", nargs="+", metavar="LOG", help="the log(s) the quotes come from")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args()
     text = read_text(args.report_file)
     log_texts = {p: read_text(p) for p in args.logs}

@@ -11,12 +11,11 @@ unresolved); P4 rows cite the reference's file:line. Exit 0 clean, 1 findings, 2
 """
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass
 
-from mldebug_common import (Finding, Table, cell_problem, check_credence_cell, credence_problem,
-                            find_credences, line_of, parse_tables, read_text, report, run)
+from mldebug_common import (Finding, Table, cell_problem, check_credence_cell, check_documents,
+                            credence_problem, find_credences, line_of, parse_tables, run)
 
 TOOL = "check_tables"
 
@@ -150,26 +149,26 @@ class TableChecker:
                     if msg:
                         self.add(line, "CREDENCE", f"{kind.name} row {n}, column '{name}': {msg}")
 
+    def require(self, table: Table, column: str, ok, rule: str, message: str) -> None:
+        """Flag each filled cell of `column` that fails `ok`; `{n}` in the message is the row."""
+        for line, n, cell in self.cells(table, column):
+            if cell.strip() and not ok(cell):
+                self.add(line, rule, message.format(n=n))
+
     def rule_p1_quotes(self, table: Table) -> None:
         """P1: the quoted line column must hold a quote from the log."""
-        for line, n, cell in self.cells(table, "quoted line"):
-            if cell.strip() and not QUOTED.search(cell):
-                self.add(line, "P1-QUOTE", f"P1 row {n}: 'quoted line' must quote the log line in "
-                                           "backticks or double quotes")
+        self.require(table, "quoted line", QUOTED.search, "P1-QUOTE",
+                     "P1 row {n}: 'quoted line' must quote the log line in backticks or double quotes")
 
     def rule_p1_verdicts(self, table: Table) -> None:
         """P1 step 5: each prediction is supported, contradicted or unresolved."""
-        for line, n, cell in self.cells(table, "verdict"):
-            if cell.strip() and not cell.strip().lower().startswith(VERDICTS):
-                self.add(line, "PRED-VERDICT", f"P1 prediction check row {n}: verdict must be "
-                                               "supported, contradicted or unresolved")
+        self.require(table, "verdict", lambda c: c.strip().lower().startswith(VERDICTS), "PRED-VERDICT",
+                     "P1 prediction check row {n}: verdict must be supported, contradicted or unresolved")
 
     def rule_p1_anomalies(self, table: Table) -> None:
         """P1 step 4: every anomaly ends explained or being investigated."""
-        for line, n, cell in self.cells(table, "status"):
-            if cell.strip() and not ANOMALY_STATUS.match(cell):
-                self.add(line, "P1-ANOMALY-STATUS", f"P1 anomalies row {n}: status must begin with "
-                                                    "'explained' or 'being investigated'")
+        self.require(table, "status", ANOMALY_STATUS.match, "P1-ANOMALY-STATUS",
+                     "P1 anomalies row {n}: status must begin with 'explained' or 'being investigated'")
 
     def rule_p2_metric_exists(self, table: Table) -> None:
         """P2: metric exists? is yes or no, and a no names the metric that will be added."""
@@ -226,15 +225,11 @@ class TableChecker:
 
     def rule_p4_reference(self, table: Table) -> None:
         """P4: each row cites the reference's file and line; same? is a plain answer."""
-        no_reference = "no reference exists" in self.text.lower()
-        for line, n, cell in self.cells(table, "theirs (file:line)"):
-            if cell.strip() and not FILE_LINE.search(cell) and not no_reference:
-                self.add(line, "P4-FILE-LINE", f"P4 row {n}: 'theirs' must cite file:line of the "
-                                               "reference implementation")
-        for line, n, cell in self.cells(table, "same?"):
-            first = re.findall(r"[a-z]+", cell.lower())[:1]
-            if first and first[0] not in ("yes", "no", "partly", "partial", "unknown"):
-                self.add(line, "P4-SAME", f"P4 row {n}: 'same?' must start with yes, no, partly or unknown")
+        if "no reference exists" not in self.text.lower():
+            self.require(table, "theirs (file:line)", FILE_LINE.search, "P4-FILE-LINE",
+                         "P4 row {n}: 'theirs' must cite file:line of the reference implementation")
+        self.require(table, "same?", lambda c: re.match(r"\W*(yes|no|partly|partial|unknown)\b", c, re.I),
+                     "P4-SAME", "P4 row {n}: 'same?' must start with yes, no, partly or unknown")
 
     def credences_in_prose(self) -> None:
         """Anywhere in the document, a credence word next to a number must agree with the scale."""
@@ -247,18 +242,10 @@ class TableChecker:
 
 
 def main() -> int:
-    """Parse arguments, check each file, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="check_tables.py", description=__doc__.split("\n\n")[0],
-        epilog="Templates: ml-debug/assets/P1_run_finished.md ... P4_stuck.md. Exit 0 clean, 1 "
-               "findings, 2 unreadable input.")
-    parser.add_argument("files", nargs="+", metavar="FILE", help="Markdown reply or file to check")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
-    args = parser.parse_args()
-    findings: list[Finding] = []
-    for path in args.files:
-        findings += TableChecker(path, read_text(path)).check()
-    return report(TOOL, args.files, findings, args.json)
+    """Check each file given on the command line and return the exit code."""
+    return check_documents(TOOL, __doc__, "Templates: ml-debug/assets/P1_run_finished.md ... "
+                           "P4_stuck.md. Exit 0 clean, 1 findings, 2 unreadable input.", "FILE",
+                           "Markdown reply or file to check", lambda p, t: TableChecker(p, t).check())
 
 
 if __name__ == "__main__":

@@ -12,12 +12,11 @@ Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass, field
 
 from mldebug_common import (Finding, InputError, check_credence_cell, find_credences, is_blank,
-                            read_text, report, run)
+                            make_parser, read_text, report, run)
 
 TOOL = "check_training_guide"
 MAX_LINES = 180
@@ -338,13 +337,12 @@ class GuideChecker:
 
 def main() -> int:
     """Parse arguments, check each guide, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="check_training_guide.py", description=__doc__.split("\n\n")[0],
-        epilog="Skeleton: ml-debug/assets/TRAINING_GUIDE.md. Exit 0 clean, 1 findings, 2 unreadable input.")
+    parser = make_parser("check_training_guide.py", __doc__,
+                         "Skeleton: ml-debug/assets/TRAINING_GUIDE.md. Exit 0 clean, 1 findings, "
+                         "2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="TRAINING_GUIDE.md", help="guide(s) to check")
     parser.add_argument("--previous", metavar="OLD.md",
                         help="the guide before this edit; flags growth and a job number going back")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args()
     if args.previous and len(args.files) != 1:
         raise InputError("--previous compares one guide; pass exactly one FILE")

@@ -6,6 +6,7 @@ Standard library plus numpy only, so the checkers run wherever the training code
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -441,11 +442,6 @@ def load_metric_log(path: str, fmt: str | None = None) -> MetricLog:
     return log
 
 
-def is_finite(x: float) -> bool:
-    """True for a finite float (not NaN, not +/-Inf)."""
-    return math.isfinite(x)
-
-
 LOWER_IS_BETTER = re.compile(r"loss|nll|perplexity|ppl|error|err\b|mse|mae|rmse|regret", re.IGNORECASE)
 
 
@@ -494,6 +490,40 @@ def _sanitize(obj: object) -> object:
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     return obj
+
+
+def make_parser(prog: str, doc: str, epilog: str) -> argparse.ArgumentParser:
+    """A parser with the shared contract: the docstring's first paragraph as description, --json."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0], epilog=epilog)
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    return parser
+
+
+def check_documents(tool: str, doc: str, epilog: str, metavar: str, help_text: str,
+                    check: Callable[[str, str], list[Finding]]) -> int:
+    """The whole main() of a checker that reads documents: parse arguments, check each, report."""
+    parser = make_parser(f"{tool}.py", doc, epilog)
+    parser.add_argument("files", nargs="+", metavar=metavar, help=help_text)
+    args = parser.parse_args()
+    findings = [f for path in args.files for f in check(path, read_text(path))]
+    return report(tool, args.files, findings, args.json)
+
+
+def report_each(tool: str, files: Sequence[str], as_json: bool,
+                check: Callable[[str], tuple[list[Finding], dict, str]], key: str,
+                separator: str = "\n\n") -> int:
+    """Run `check(path) -> (findings, result, text)` on every file and report them together.
+
+    The per-file results go into the JSON report under `key`; the texts form the human report.
+    """
+    findings: list[Finding] = []
+    results, texts = [], []
+    for path in files:
+        found, result, text = check(path)
+        findings += found
+        results.append(result)
+        texts.append(text)
+    return report(tool, files, findings, as_json, {key: results}, separator.join(texts))
 
 
 def run(tool: str, main: Callable[[], int]) -> None:

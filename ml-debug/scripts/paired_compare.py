@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from mldebug_common import (Finding, InputError, fmt_num, read_records, read_text, report, run,
-                            sniff_format, to_float)
+from mldebug_common import (Finding, InputError, fmt_num, make_parser, read_records, read_text,
+                            report_each, run, sniff_format, to_float)
 
 TOOL = "paired_compare"
 EXACT_LIMIT = 16  # up to 2**16 sign patterns are enumerated exactly; beyond that, sampled
@@ -86,11 +86,13 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
     for arm in (args.a, args.b):
         if arm and arm not in arms:
             raise InputError(f"{path}: arm '{arm}' not found (arms: {', '.join(arms)})")
-    rest = [x for x in arms if x not in (args.a, args.b)]
-    if len([x for x in (args.a, args.b) if not x]) > len(rest) or (not (args.a and args.b) and len(arms) != 2):
+    if not (args.a and args.b) and len(arms) != 2:
         raise InputError(f"{path}: {len(arms)} arm(s) ({', '.join(arms)}); name two with --a and --b")
+    rest = [x for x in arms if x not in (args.a, args.b)]
     a = args.a or rest.pop(0)
     b = args.b or rest.pop(0)
+    if a == b:
+        raise InputError(f"{path}: --a and --b name the same arm '{a}'")
     findings: list[Finding] = []
     values: dict[str, dict[str, float]] = {a: {}, b: {}}
     for row, line in zip(rows, lines):
@@ -135,7 +137,8 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
                    "seed_spread": {a: spread_a, b: spread_b}})
     text.append("  per pair: " + ", ".join(f"{k}: {fmt_num(d)}" for k, d in zip(keys, diffs)))
     text.append(f"  mean difference {fmt_num(mean)}, median {fmt_num(result['median_diff'])}")
-    text.append(f"  sign count: {a} higher in {wins}, {b} higher in {losses}, ties {result['sign_count']['ties']}")
+    ties = result["sign_count"]["ties"]
+    text.append(f"  sign count: {a} higher in {wins}, {b} higher in {losses}, ties {ties}")
     text.append(f"  spread between seeds (sd): {a} {fmt_num(spread_a)}, {b} {fmt_num(spread_b)}")
     if len(keys) < args.min_seeds:
         result["verdict"] = "unresolved"
@@ -174,9 +177,8 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
 
 def main() -> int:
     """Parse arguments, compare the arms in each file, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="paired_compare.py", description=__doc__.split("\n\n")[0],
-        epilog="Exit 0 resolved and clean, 1 unresolved or data problems, 2 unreadable input.")
+    parser = make_parser("paired_compare.py", __doc__,
+                         "Exit 0 resolved and clean, 1 unresolved or data problems, 2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="RESULTS", help="CSV or JSONL with arm, seed, metric")
     parser.add_argument("--metric", help="metric column (default: last numeric column)")
     parser.add_argument("--a", help="arm A (default: first arm in the file)")
@@ -187,17 +189,10 @@ def main() -> int:
     parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (default 10000)")
     parser.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap (default 0)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args()
     if not 0 < args.level < 1 or args.bootstrap < 1 or args.min_seeds < 1:
         raise InputError("--level must be in (0, 1); --bootstrap and --min-seeds must be positive")
-    findings, results, texts = [], [], []
-    for path in args.files:
-        f, r, t = compare(path, args)
-        findings += f
-        results.append(r)
-        texts.append(t)
-    return report(TOOL, args.files, findings, args.json, {"comparisons": results}, "\n\n".join(texts))
+    return report_each(TOOL, args.files, args.json, lambda path: compare(path, args), "comparisons")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mldebug_common import (LOWER_IS_BETTER, Finding, InputError, LogRow, MetricLog, fmt_num,
-                            load_metric_log, report, run)
+from mldebug_common import (Finding, InputError, LOWER_IS_BETTER, LogRow, MetricLog, fmt_num,
+                            load_metric_log, make_parser, report, run)
 
 TOOL = "read_curves"
 POINTS = (("start", 0.0), ("early", 0.1), ("middle", 0.5), ("end", 1.0))
@@ -205,9 +204,8 @@ def summary_table(log: MetricLog, curves: list[Curve], step_key: str | None) -> 
 
 def main() -> int:
     """Parse arguments, read each log, print the readings and anomalies, return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="read_curves.py", description=__doc__.split("\n\n")[0],
-        epilog="Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.")
+    parser = make_parser("read_curves.py", __doc__,
+                         "Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="LOG", help="metrics log (JSONL, CSV or key=value text)")
     parser.add_argument("--format", choices=("jsonl", "csv", "text"), help="override format detection")
     parser.add_argument("--step-key", help="key that orders rows (default: step, global_step, iter, epoch)")
@@ -218,7 +216,6 @@ def main() -> int:
                         help="comma-separated metrics where lower is better, in addition to names "
                              "containing loss, error, nll, mse, mae or perplexity")
     parser.add_argument("--p1-table", action="store_true", help="print the pre-filled P1 table")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args()
     findings: list[Finding] = []
     texts, per_file = [], []

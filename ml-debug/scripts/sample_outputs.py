@@ -20,7 +20,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from mldebug_common import Finding, InputError, Record, read_records, read_text, report, run, to_float
+from mldebug_common import (Finding, InputError, Record, make_parser, read_records, read_text,
+                            report_each, run, to_float)
 
 TOOL = "sample_outputs"
 SCORE_KEYS = ("score", "reward", "correct", "accuracy", "acc", "judge_score", "pass")
@@ -100,6 +101,23 @@ def anomalies(records: list[Record], score_key: str, text_key: str | None,
     return reasons
 
 
+def choose(rows: list[Record], score_key: str, id_key: str | None, seed: int,
+           k: int) -> dict[str, list[int]]:
+    """Line numbers of the random, best and worst rows of one group (unscored rows never rank)."""
+    def score(r: Record) -> float:
+        return to_float(r.fields.get(score_key))
+
+    def row_id(r: Record) -> str:
+        return str(r.fields.get(id_key, r.line)) if id_key else str(r.line)
+
+    scored = [r for r in rows if score(r) is not None and math.isfinite(score(r))]
+    return {
+        "random": [r.line for r in sorted(rows, key=lambda r: random_rank(seed, row_id(r)))[:k]],
+        "best": [r.line for r in sorted(scored, key=lambda r: (-score(r), r.line))[:k]],
+        "worst": [r.line for r in sorted(scored, key=lambda r: (score(r), r.line))[:k]],
+    }
+
+
 def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str]:
     """Choose the rows for one file and format them with the sampling rule."""
     text = read_text(path)
@@ -127,15 +145,8 @@ def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, st
     picks: dict[str, dict[str, list[int]]] = {}
     by_line = {r.line: r for r in records}
     for group, rows in groups.items():
-        scored = [r for r in rows if (s := to_float(r.fields.get(score_key))) is not None and math.isfinite(s)]
-        by_score = sorted(scored, key=lambda r: (-to_float(r.fields[score_key]), r.line))
-        row_id = (lambda r: str(r.fields.get(id_key, r.line))) if id_key else (lambda r: str(r.line))
-        chosen = {
-            "random": [r.line for r in sorted(rows, key=lambda r: random_rank(args.seed, row_id(r)))[:args.k]],
-            "best": [r.line for r in by_score[:args.k]],
-            "worst": [r.line for r in sorted(scored, key=lambda r: (to_float(r.fields[score_key]), r.line))[:args.k]],
-            "anomalous": [r.line for r in rows if r.line in reasons],
-        }
+        chosen = choose(rows, score_key, id_key, args.seed, args.k)
+        chosen["anomalous"] = [r.line for r in rows if r.line in reasons]
         picks[group] = chosen
         for kind, lines in chosen.items():
             label = f"{kind} ({group})" if args.group_key else kind
@@ -155,10 +166,10 @@ def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, st
 
 def main() -> int:
     """Parse arguments, sample each file, print the rows and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="sample_outputs.py", description=__doc__.split("\n\n")[0],
-        epilog="Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.")
-    parser.add_argument("files", nargs="+", metavar="EVAL.jsonl", help="evaluation rows, one JSON object a line")
+    parser = make_parser("sample_outputs.py", __doc__,
+                         "Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.")
+    parser.add_argument("files", nargs="+", metavar="EVAL.jsonl",
+                        help="evaluation rows, one JSON object a line")
     parser.add_argument("--score-key", help=f"score field (default: first of {', '.join(SCORE_KEYS)})")
     parser.add_argument("--text-key", help=f"output field (default: first of {', '.join(TEXT_KEYS)})")
     parser.add_argument("--input-key", help=f"input field (default: first of {', '.join(INPUT_KEYS)})")
@@ -166,17 +177,10 @@ def main() -> int:
     parser.add_argument("--group-key", help="pick separately per value of this field, e.g. arm")
     parser.add_argument("--k", type=int, default=1, help="rows per random/best/worst pick (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pick (default 0)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args()
     if args.k < 1:
         raise InputError("--k must be at least 1")
-    findings, results, texts = [], [], []
-    for path in args.files:
-        f, r, t = sample(path, args)
-        findings += f
-        results.append(r)
-        texts.append(t)
-    return report(TOOL, args.files, findings, args.json, {"samples": results}, "\n\n".join(texts))
+    return report_each(TOOL, args.files, args.json, lambda path: sample(path, args), "samples")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ accepted. Exit 0 nothing found, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import io
 import re
@@ -17,7 +16,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from mldebug_common import Finding, InputError, read_text, report, run
+from mldebug_common import Finding, InputError, make_parser, read_text, report, run
 
 TOOL = "scan_silent_bugs"
 SUPPRESS = re.compile(r"#\s*ml-debug:\s*ok\b", re.IGNORECASE)
@@ -96,12 +95,14 @@ LINE_PATTERNS = (
                                  r"(?:\[[^\]]*\]\s*)?=[^=]|\.data\.\w+_\(")),
     ("SB-NAN-MASK", re.compile(r"nan_to_num\(")),
     ("SB-RESHAPE", re.compile(r"\.(?:view|reshape)\(")),
-    ("SB-BROADCAST", re.compile(r"\b(?:mse_loss|l1_loss|smooth_l1_loss)\(|\(\s*[\w.]+\s*-\s*[\w.]+\s*\)\s*\*\*\s*2")),
+    ("SB-BROADCAST", re.compile(r"\b(?:mse_loss|l1_loss|smooth_l1_loss)\("
+                                r"|\(\s*[\w.]+\s*-\s*[\w.]+\s*\)\s*\*\*\s*2")),
     ("SB-EXPAND", re.compile(r"\.(?:expand|repeat|unsqueeze)\(")),
     ("SB-DATA-READ", re.compile(r"\.data\b(?!\s*(?:\[[^\]]*\]\s*)?=[^=])(?!\.\w+_\()")),
     ("SB-FREEZE", re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|\.freeze\(")),
     ("SB-CE-NO-WEIGHT", re.compile(r"CrossEntropyLoss\(\s*\)")),
-    ("SB-LOSS-SIGN", re.compile(r"maximize\s*=\s*True|\(\s*-\s*\w*loss\w*\s*\)\.backward|\b1\s*-\s*\w*(?:acc|score|metric)")),
+    ("SB-LOSS-SIGN", re.compile(r"maximize\s*=\s*True|\(\s*-\s*\w*loss\w*\s*\)\.backward"
+                                r"|\b1\s*-\s*\w*(?:acc|score|metric)")),
     ("SB-JAX-ASTYPE", re.compile(r"\.astype\(")),
 )
 PER_EPOCH_SCHEDULERS = ("StepLR", "MultiStepLR", "ExponentialLR", "ReduceLROnPlateau")
@@ -462,12 +463,11 @@ def expand(paths: list[str]) -> list[str]:
 
 def main() -> int:
     """Parse arguments, scan each file, print the report and return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="scan_silent_bugs.py", description=__doc__.split("\n\n")[0],
-        epilog="Rules: " + ", ".join(RULES) + ". Exit 0 nothing found, 1 findings, 2 unreadable input.")
+    parser = make_parser("scan_silent_bugs.py", __doc__,
+                         "Rules: " + ", ".join(RULES) + ". Exit 0 nothing found, 1 findings, "
+                         "2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="PATH", help="Python file or directory")
     parser.add_argument("--all", action="store_true", help="also report the wider look-here families")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args()
     files = expand(args.files)
     findings: list[Finding] = []
