@@ -77,7 +77,7 @@ _CACHE: dict[str, tuple[Outputs, Path, Path]] = {}
 
 
 def synth_pair(base: Path, *, train="hf", rollout="vllm", faults=(), task="statistics",
-               tensor_format="npy", layers=3, config=None, extra=(), **gen_kw) -> tuple[Outputs, Path, Path]:
+               tensor_format="npy", layers=2, config=None, extra=(), **gen_kw) -> tuple[Outputs, Path, Path]:
     """Generate a synthetic pair (cached per arguments), compare it; returns (outputs, train, rollout).
 
     ``config`` holds further ``synth.Config`` fields, ``extra`` further CLI arguments, ``gen_kw``
