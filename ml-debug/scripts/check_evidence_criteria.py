@@ -2,9 +2,9 @@
 """Check the evidence-criteria block (P5) in a project's AGENTS.md.
 
 Rules: the block is present with GOAL, OPTIMISING, PERVERSE SATISFACTIONS, EVIDENCE A, EVIDENCE B
-and ELSE in that order, none empty or left as a template placeholder; OPTIMISING is one sentence
-with no symbols; there are 2-3 perverse satisfactions, each naming the metric or arm that exposes
-it; EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
+and ELSE in that order, none empty or left as a template placeholder; OPTIMISING is a single
+plain sentence without symbols; there are 2-3 perverse satisfactions, each naming the metric or
+control arm that would catch it; EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
 other than chance and a metric. Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
@@ -140,8 +140,8 @@ def check_perverse(entry: tuple[int, list[str]], add) -> None:
         add(line, "EC-PERVERSE-COUNT", f"{len(items)} perverse satisfaction(s); write 2-3")
     for n, item in enumerate(items, 1):
         if not EXPOSES.search(item):
-            add(line, "EC-PERVERSE-EXPOSE", f"perverse satisfaction {n} does not name the metric or "
-                "arm that would expose it")
+            add(line, "EC-PERVERSE-EXPOSE", f"perverse satisfaction {n} does not say which metric or "
+                "control arm would catch it")
 
 
 def main() -> int:

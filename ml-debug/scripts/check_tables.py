@@ -197,7 +197,7 @@ class TableChecker:
                                               "'not tested'; say so and lower the credence")
 
     def rule_p3_invalid(self, table: Table) -> None:
-        """P3 step 3: exactly the five most likely ways the result is invalid."""
+        """P3 step 3: exactly five ways the result could be invalid, each with its check."""
         if len(table.rows) != 5:
             self.add(table.line, "P3-INVALID-COUNT",
                      f"P3 invalid table has {len(table.rows)} row(s); write exactly five ways, "

@@ -5,8 +5,8 @@ Rules: under 180 lines; frontmatter holds only `last_reviewed_job` (integer) and
 (stage -> status); one `##` entry per stage with Purpose, Expected sequence (numbered), Required
 observations, Current evidence, Missing evidence, Status, Earliest unsupported link and Main
 question; a Status agrees with the frontmatter and pairs a credence word with a number in its range,
-except that a stage still `unknown` says only that plus what would fill it; at most five
-established observations, five live explanations and three next tests; no list of possible failure
+except that a stage still `unknown` says only that plus what would fill it; capped lists (5
+established observations, 5 live explanations, 3 next tests); no list of possible failure
 causes. With --previous, the guide must not have grown and its job number must not go backwards.
 Exit 0 clean, 1 findings, 2 unreadable input.
 """
@@ -320,7 +320,7 @@ class GuideChecker:
                 lead = label.group(1) if label else ""
             if FAILURE_LIST.search(lead):
                 self.add(i, "TG-FAILURE-LIST", "the guide must not list possible failure causes; "
-                         "write the expected sequence and ask which link should be visible by now")
+                         "write the expected sequence and ask which step ought to be observable by now")
 
     def check_growth(self, previous_path: str) -> None:
         """Against the previous version: no growth in lines, no step back in last_reviewed_job."""

@@ -58,14 +58,14 @@ RULES = {r.id: r for r in (
          "batches; let it raise, or log and count what is skipped"),
     Rule("SB-NAN-MASK", True, "masking or skipping non-finite values hides the first bad step; "
          "find where the NaN starts instead"),
-    Rule("SB-FIT-LEAK", True, "fit_transform on data not named as training data; a scaler or "
-         "encoder fitted on test or full data leaks its statistics"),
+    Rule("SB-FIT-LEAK", True, "fit_transform on data not named as training data; statistics "
+         "learned from evaluation rows (or all rows) reach the model"),
     Rule("SB-WORKER-RNG", True, "NumPy/stdlib random in __getitem__: DataLoader workers can start "
          "from the same state and repeat 'random' augmentations; seed per worker"),
     Rule("SB-JAX-KEY-REUSE", True, "the same PRNG key feeds two random calls (or one call in a "
          "loop) without a split, so the draws are identical"),
-    Rule("SB-JAX-PRINT", True, "print inside jit runs once at trace time and shows tracers; use "
-         "jax.debug.print"),
+    Rule("SB-JAX-PRINT", True, "print inside jit executes only while tracing and shows abstract "
+         "tracers; use jax.debug.print"),
     Rule("SB-JAX-NUMPY", True, "NumPy inside jit runs at trace time on concrete values or fails; "
          "use jax.numpy"),
     Rule("SB-SHUFFLE-SPLIT", True, "a shuffled random split of time-ordered rows puts the future in "

@@ -169,7 +169,7 @@ def test_p3_rule_one_seed(skill):
 
 def test_p3_rule_missing_list(skill):
     text = p3(skill)
-    start = text.index("**3. The five")
+    start = text.index("**3. Five")
     end = text.index("**4. Complete")
     assert rules(text[:start] + text[end:]) == ["P3-MISSING-LIST"]
 
