@@ -126,10 +126,6 @@ def test_upstream_propagation_follows_the_root_cause(analyze, case):
     assert all(f["category"] != "upstream_propagation" for f in doc["root_causes"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG triage._propagation_examples: the containers enclosing the root cause (model.layers.0.mlp, "
-    "model.layers.0: input_status 'match', status propagated because a child explains them) are listed "
-    "as upstream_propagation, whose definition is 'inputs already diverged'"))
 def test_upstream_propagation_candidates_have_diverged_inputs(analyze):
     doc = analyze(**CASES["corrupt_down"]).doc
     prop = [f for f in doc["other_candidates"] if f["category"] == "upstream_propagation"]

@@ -1,0 +1,40 @@
+"""Dumps of two different models or inputs must not produce a confident root cause."""
+import pytest
+
+from synth import Config, generate_pair
+
+CONFIDENT = 0.56  # "likely" and above on the credence scale
+
+
+def mixed_pair(tmp_path, train_cfg, rollout_cfg):
+    train, _ = generate_pair(tmp_path / "a", train_cfg, train_layout="hf", rollout_layout="vllm")
+    _, rollout = generate_pair(tmp_path / "b", rollout_cfg, train_layout="hf", rollout_layout="vllm")
+    return train, rollout
+
+
+def assert_not_a_finding(doc):
+    assert doc["verdict"] == "inconclusive" or not doc["root_causes"], (
+        doc["verdict"], [(c["category"], c["train_module"], c["confidence"]) for c in doc["root_causes"]])
+    assert not [c for c in doc["root_causes"] if c["confidence"] >= CONFIDENT]
+    assert doc["notes"], "the report must say why the dumps cannot be compared"
+    assert any("compar" in n or "differ" in n for n in doc["notes"])
+
+
+def test_different_tokens_are_inconclusive(tmp_path, analyze_pair):
+    train, rollout = mixed_pair(tmp_path, Config(layers=4, hidden=32), Config(layers=4, hidden=32, seed=7))
+    doc = analyze_pair(train, rollout).doc
+    assert doc["verdict"] == "inconclusive"
+    assert doc["root_causes"] == []
+    assert doc["comparability"]["comparable"] is False
+    assert any("token" in n for n in doc["notes"])
+    assert_not_a_finding(doc)
+
+
+def test_different_depth_and_width_is_not_a_finding(tmp_path, analyze_pair):
+    train, rollout = mixed_pair(tmp_path, Config(layers=4, hidden=32), Config(layers=2, hidden=64))
+    assert_not_a_finding(analyze_pair(train, rollout).doc)
+
+
+def test_different_depth_is_not_a_finding(tmp_path, analyze_pair):
+    train, rollout = mixed_pair(tmp_path, Config(layers=4, hidden=32), Config(layers=3, hidden=32))
+    assert_not_a_finding(analyze_pair(train, rollout).doc)
