@@ -137,3 +137,13 @@ def test_tensor_metrics_and_multiset():
     shuffled = t[::-1].copy()
     assert T.same_multiset(t, shuffled, 1e-6, 0) and not T.same_multiset(t, shuffled + 1, 1e-6, 0)
     assert T.stats_of(t) == pytest.approx((t.max(), t.min(), t.mean(), np.linalg.norm(t)))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="compare/__init__.py load_tolerances merges "
+                   "one level deep: an elementwise override with rtol only drops the built-in atol, and a "
+                   "tensor-mode run then stops with 'internal error: KeyError: atol' (exit 1)")
+def test_partial_elementwise_override_keeps_the_other_builtin_value(tmp_path):
+    f = tmp_path / "tol.yaml"
+    f.write_text("tensor: {elementwise: {float32: {rtol: 1.0e-3}}}\n")
+    tol = load_tolerances(str(f))
+    assert tol["tensor"]["elementwise"]["float32"] == {"rtol": 1e-3, "atol": 1e-5}
