@@ -52,7 +52,7 @@ def _scalar(text: str) -> object:
 
 
 def _strip_comment(line: str) -> str:
-    """Drop a trailing YAML comment (` # ...`) outside quotes."""
+    """Drop a trailing ` # ...` YAML comment (a `#` inside a quoted value is not supported)."""
     return re.sub(r"\s+#.*$", "", line).rstrip()
 
 
@@ -112,7 +112,7 @@ def parse_frontmatter(lines: list[str]) -> tuple[dict | None, int, list[tuple[in
 
 @dataclass
 class Section:
-    """A heading and the lines under it, down to the next heading of the same or higher level."""
+    """A `#` or `##` heading and the lines under it, down to the next such heading."""
 
     title: str
     level: int
@@ -249,7 +249,7 @@ class GuideChecker:
                     is_blank(t) for _, t in fields[label][1]):
                 self.add(fields[label][0], "TG-FIELD-EMPTY",
                          f"stage '{sec.title}': '{label.capitalize()}:' is empty")
-        for label, limit in CAPS.items():
+        for label in CAPS:
             if label in fields:
                 self.check_cap(label, fields[label][0], fields[label][1])
         steps = self.check_sequence(sec, fields)

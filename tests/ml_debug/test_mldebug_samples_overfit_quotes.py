@@ -63,7 +63,7 @@ def test_each_anomaly_rule(tmp_path, change, reason):
     rows[3].update(change)
     findings, result, _ = sample(eval_file(tmp_path, rows), sample_args())
     assert 4 in result["picks"]["all"]["anomalous"]
-    assert any(reason in f.message and f.line == 4 for f in findings)
+    assert any(reason in f.message and f.line == 4 and f.rule == "ANOMALOUS" for f in findings)
 
 
 def test_groups_get_their_own_picks(skill):

@@ -181,3 +181,20 @@ def test_example_script_findings(skill):
 
 def test_every_rule_says_what_to_check():
     assert all(len(rule.check) > 30 for rule in RULES.values())
+
+
+@pytest.mark.parametrize("source, rule", [
+    ("loss = F.mse_loss(pred, target)\n", "SB-BROADCAST"),
+    ("y = x.unsqueeze(0)\n", "SB-EXPAND"),
+    ("w = layer.weight.data\n", "SB-DATA-READ"),
+    ("p.requires_grad = False\n", "SB-FREEZE"),
+    ("crit = nn.CrossEntropyLoss()\n", "SB-CE-NO-WEIGHT"),
+    ("(-loss).backward()\n", "SB-LOSS-SIGN"),
+    ("class M:\n    def forward(self, x):\n        x.add_(1)\n        return x\n", "SB-INPLACE-FORWARD"),
+    ("def compute_loss(x):\n    logged = x.sum().item()\n    return x.sum()\n", "SB-LOSS-ITEM"),
+    ("y = x.astype(jnp.int8)\n", "SB-JAX-ASTYPE"),
+    ("import jax\n@jax.jit\ndef f(x):\n    x[0] = 1\n    return x\n", "SB-JAX-SETITEM"),
+])
+def test_each_look_here_rule_alone(tmp_path, source, rule):
+    assert rules(tmp_path, source) == []
+    assert rules(tmp_path, source, show_all=True) == [rule]

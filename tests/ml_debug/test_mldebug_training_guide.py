@@ -68,6 +68,12 @@ def test_rule_frontmatter_status_vocabulary(skeleton):
     assert "use one of unknown, uncertain, partial, working, failing" in found[0].message
 
 
+def test_rule_stages_must_be_a_map(skeleton):
+    text = skeleton.replace("stages: {data: unknown, learning: unknown, generalisation: unknown, "
+                            "behaviour: unknown}", "stages: data")
+    assert rules(text) == ["TG-FM-STAGES"]
+
+
 def test_rule_stage_missing(skeleton):
     text = skeleton.replace("behaviour: unknown}", "behaviour: unknown, writer: unknown}")
     assert rules(text) == ["TG-STAGE-MISSING"]
