@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from compare.test_compare_support import OUTPUT_FILES, OUTPUT_JSON, ROOT, run_cli, synth_dirs, synth_run  # noqa: F401
 from synth import faults as F
@@ -280,3 +281,13 @@ def test_hf_phi3_activation_fn_is_paired_with_vllm_act_fn(synth_dirs, tmp_path):
     out = run_cli(phi3, rollout, tmp_path / "out")
     assert out.summary["train_only_unexpected"] == out.summary["rollout_only_unexpected"] == 0
     assert out.verdict(["model.layers.1.mlp.activation_fn"])["kind"] == "by_design_difference"
+
+
+def test_skill_md_frontmatter_and_references_exist():
+    skill = ROOT / "dump-module-mapping-value-compare"
+    text = (skill / "SKILL.md").read_text(encoding="utf-8")
+    front = yaml.safe_load(text.split("---", 2)[1])
+    assert front["name"] == "dump-module-mapping-value-compare"
+    assert 0 < len(front["description"]) <= 1024
+    for ref in set(re.findall(r"references/[a-z_]+\.md", text)):
+        assert (skill / ref).is_file(), ref
