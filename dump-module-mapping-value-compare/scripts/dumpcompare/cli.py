@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> dict:
     doc1, (h1, r1) = D.output_1(sources, recs)
     doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
     doc3, (h3, r3) = D.output_3(results, tolerances, mode)
-    comp = D.comparability(results, doc2["summary"])
+    layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
+    comp = D.comparability(results, doc2["summary"], layers)
     doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
     for doc in (doc1, doc2, doc3, doc4):
         doc["partial"] = partial

@@ -169,17 +169,21 @@ def _markdown_4(verdicts, first, partial, comparability) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparability(results: list[Result], summary: dict) -> dict:
+def comparability(results: list[Result], summary: dict, layers: dict[str, int]) -> dict:
     """Say when the two dumps do not look like the same model on the same tokens."""
     reasons = []
+    if layers["train"] and layers["rollout"] and layers["train"] != layers["rollout"]:
+        reasons.append(f"the sides have different numbers of layers (train {layers['train']}, "
+                       f"rollout {layers['rollout']})")
+    sized = [r for r in results if r.status in ("structural", "incomparable") and r.reason
+             and ("shape" in r.reason or "tp_shard" in r.reason)]
+    if results and len(sized) > 0.5 * len(results):
+        reasons.append(f"{len(sized)} of {len(results)} tensors differ in size (different model sizes, "
+                       "sequence lengths, or unmerged tensor-parallel shards)")
     tok = next((r for r in results if r.point == "M.tokens"), None)
     if tok is not None and tok.status not in ("match", "drift"):
         reasons.append(f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})")
     if summary["train_modules"] and summary["train_coverage"] < 0.3:
         reasons.append(f"only {summary['mapped_train_modules']} of {summary['train_modules']} train modules "
                        "map to the rollout side (different models, or a naming profile is missing)")
-    shape_conf = [r for r in results if r.status == "incomparable" and r.reason and "shape" in r.reason]
-    if results and len(shape_conf) > 0.5 * len(results):
-        reasons.append(f"{len(shape_conf)} of {len(results)} tensors have conflicting shapes "
-                       "(different sequence lengths or model sizes)")
     return {"comparable": not reasons, "reasons": reasons}

@@ -345,9 +345,10 @@ def run(ev: Evidence) -> Triage:
                                    "rollout_module": _path_names(m["rollout_modules"]), "reason": reason})
             continue
         f = classify(ev, m)
-        if found and m["input_status"] in DIVERGED and f["category"] == "in_module_impl_difference" \
-                and f["evidence"].get("inputs_inferred"):
+        if found and m["input_status"] in DIVERGED and f["category"] != "parameter_or_checkpoint_issue":
+            # Behind an accepted root cause, diverged inputs are most simply its propagation.
             f["category"] = "upstream_propagation"
+            f["side"] = "both"
         f["confidence"], f["confidence_notes"] = confidence(ev, f, m)
         f["confidence_word"] = credence.word(f["confidence"])
         f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
@@ -392,7 +393,7 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
     for f, m in found:
         i = ev.pos[m["pid"]]
         after = [x for x in ev.modules[i + 1:] if x["status"] == "propagated" and x["module_priority_rank"] == 3
-                 and x["parameter_status"] not in DIVERGED][:2]
+                 and x["input_status"] in DIVERGED and x["parameter_status"] not in DIVERGED][:2]
         for x in after:
             tri.other_candidates.append({
                 "category": "upstream_propagation", "side": "both",
