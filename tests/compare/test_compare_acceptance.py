@@ -92,5 +92,4 @@ def test_consistent_check_clean_rollout_has_no_divergence(tmp_path):
     out = run_cli(CC / "train" / "step0" / "proc0" / "dump.json",
                   CC / "rollout" / "step0" / "proc0" / "dump.json", tmp_path)
     assert out.first["pair"] is None and out.first["point"] is None
-    assert out.ranked(best=4) == [] or all(m["status"] == "structural" for m in out.ranked(best=4))
-    assert out.d4["summary"]["by_status"].get("clean", 0) == len(out.d4["modules"])
+    assert out.d4["summary"]["by_status"] == {"clean": len(out.d4["modules"])}

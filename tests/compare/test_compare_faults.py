@@ -62,7 +62,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("scenario, modules, status, rank", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_fault_gives_expected_first_divergence_and_single_top_candidate(synth_run, scenario, modules, status, rank):
+def test_fault_gives_expected_first_divergence_and_single_top_candidate(synth_run, scenario, modules,
+                                                                       status, rank):
     out = synth_run(**scenario)
     fd = out.first
     assert (fd["train_modules"], fd["status"]) == (modules, status)
@@ -107,9 +108,10 @@ def test_extra_op_is_an_unexpected_one_sided_module_between_the_aligned_neighbou
     assert own["status"] == "mismatch"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="analysis.py ranks HF act_fn as a rank-1 origin although its "
-                   "train module never outputs L1.act_out (read from down_proj's input, after the "
-                   "train-only extra op)")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="analysis.py ranks HF act_fn as a rank-1 origin although its train module never outputs "
+           "L1.act_out (read from down_proj's input, after the train-only extra op)")
 def test_train_side_extra_op_is_not_blamed_on_act_fn(synth_run):
     out = synth_run(faults=(F.ExtraOp("train", 1),))
     extra = out.one_sided("train", L1 + "mlp.extra_op")
@@ -153,9 +155,11 @@ def test_megatron_permuted_qkv_shows_at_core_attention_inputs(synth_run):
     assert {"L1.q_rot", "L1.k_rot"} <= bad
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="analysis.py rank-2 rule ('inputs diverged although the previous "
-                   "aligned module's output agrees') ignores that the diverged input is the residual "
-                   "stream from an already diverged earlier pair (unexplained_input_points is empty)")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="analysis.py rank-2 rule ('inputs diverged although the previous aligned module's output "
+           "agrees') ignores that the diverged input is the residual stream from an already diverged "
+           "earlier pair (unexplained_input_points is empty)")
 def test_embedding_scale_hidden_by_the_norm_has_a_single_candidate(synth_run):
     # With seed 0 the synthetic corruption of the embedding is an exact x1.5 scaling, which
     # RMSNorm removes: the divergence reappears only at the first residual add.

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from compare.test_compare_support import ROOT, SAMPLES, SCRIPT, run_cli
+from compare.test_compare_support import OUTPUT_JSON, ROOT, SAMPLES, SCRIPT, run_cli
 from dumpcompare.cli import main as cli_main
 from dumpcompare.loaders import load_side
 from dumpcompare.loaders.msprobe import parse_key
@@ -136,9 +136,7 @@ def test_truncated_dump_is_salvaged_and_marked_partial(tmp_path):
     proc = cli("--train", LLAMA, "--rollout", cut, "--out-dir", out_dir)
     assert proc.returncode == 0, proc.stderr
     assert "PARTIAL rollout: file ends in the middle of a value (truncated)" in proc.stdout
-    docs = [json.loads((out_dir / n).read_text()) for n in ("output_1_key_mapping.json", "output_2_mapping.json",
-                                                              "output_3_value_compare.json",
-                                                              "output_4_module_analysis.json")]
+    docs = [json.loads((out_dir / n).read_text()) for n in OUTPUT_JSON]
     assert all(d["partial"] is True for d in docs)
     src = docs[0]["sources"]["rollout"]
     sal = src["salvage"]
@@ -167,7 +165,8 @@ def to_generic(dump_json, dest):
 
     def lower(item):
         if isinstance(item, dict):
-            return {k.lower() if k in ("Max", "Min", "Mean", "Norm") else k: lower(v) for k, v in item.items()}
+            return {k.lower() if k in ("Max", "Min", "Mean", "Norm") else k: lower(v)
+                    for k, v in item.items()}
         return [lower(x) for x in item] if isinstance(item, list) else item
 
     modules = []
@@ -205,7 +204,8 @@ def test_documented_generic_example_loads(tmp_path):
 
 @pytest.mark.parametrize("doc, words", [
     ({"format": "dumpcompare-generic/1"}, "needs a 'modules' list"),
-    ({"format": "dumpcompare-generic/1", "modules": [{"class": "Linear"}]}, "modules[0] needs a string 'name'"),
+    ({"format": "dumpcompare-generic/1", "modules": [{"class": "Linear"}]},
+     "modules[0] needs a string 'name'"),
 ])
 def test_malformed_generic_dump_is_a_usage_error(tmp_path, doc, words, cli_in_process):
     f = tmp_path / "g.json"

@@ -6,7 +6,8 @@ import re
 import pytest
 import yaml
 
-from compare.test_compare_support import OUTPUT_FILES, OUTPUT_JSON, ROOT, run_cli, synth_dirs, synth_run  # noqa: F401
+from compare.test_compare_support import (OUTPUT_FILES, OUTPUT_JSON, ROOT, run_cli,  # noqa: F401
+                                          synth_dirs, synth_run)
 from synth import faults as F
 
 LAYERS = (0, 1)
@@ -44,7 +45,8 @@ def test_hf_vs_vllm_fused_modules_pair_as_composites(synth_run):
         assert (qkv["kind"], qkv["role"], qkv["rollout_modules"]) == \
             ("composite", "qkv", [p + "self_attn.qkv_proj"])
         gu = out.verdict([p + "mlp.gate_proj", p + "mlp.up_proj"])
-        assert (gu["kind"], gu["role"], gu["rollout_modules"]) == ("composite", "gate_up", [p + "mlp.gate_up_proj"])
+        assert (gu["kind"], gu["role"], gu["rollout_modules"]) == \
+            ("composite", "gate_up", [p + "mlp.gate_up_proj"])
         for point in (f"L{n}.q+L{n}.k+L{n}.v", f"L{n}.gate+L{n}.up",
                       f"L{n}.q.weight+L{n}.k.weight+L{n}.v.weight"):
             assert out.result(point)["kind"] == "composite"
@@ -109,8 +111,10 @@ def test_megatron_te_vs_vllm_mapping(synth_run):
     assert qkv["rollout_modules"] == ["model.layers.1.self_attn.qkv_proj"]
     assert qkv["kind"] == "by_design_difference" and "includes the preceding norm" in qkv["note"]
     fc1 = out.verdict(["decoder.layers.1.mlp.linear_fc1"])
-    assert fc1["rollout_modules"] == ["model.layers.1.mlp.gate_up_proj"] and fc1["kind"] == "by_design_difference"
-    assert out.verdict(["decoder.layers.1.mlp.linear_fc2"])["rollout_modules"] == ["model.layers.1.mlp.down_proj"]
+    assert fc1["rollout_modules"] == ["model.layers.1.mlp.gate_up_proj"]
+    assert fc1["kind"] == "by_design_difference"
+    fc2 = out.verdict(["decoder.layers.1.mlp.linear_fc2"])
+    assert fc2["rollout_modules"] == ["model.layers.1.mlp.down_proj"] and fc2["kind"] == "one_to_one"
     assert out.verdict(["decoder.layers.1.self_attention.core_attention"])["rollout_modules"] == \
         ["model.layers.1.self_attn.attn"]
     # Fused outputs in different layouts: compared directly, order-free in statistics mode.
@@ -140,7 +144,8 @@ def test_megatron_local_spec_pairs_linear_qkv_one_to_one(synth_run):
 def test_megatron_ddp_float16module_prefix_is_stripped(synth_run):
     plain = synth_run(train="megatron")
     wrapped = synth_run(train="megatron", train_options={"prefix": "module.module."})
-    assert [p["train_modules"] for p in wrapped.d2["pairs"]] == [p["train_modules"] for p in plain.d2["pairs"]]
+    assert [p["train_modules"] for p in wrapped.d2["pairs"]] == \
+        [p["train_modules"] for p in plain.d2["pairs"]]
     extra = {o["class"] for o in wrapped.d2["one_sided"]} - {o["class"] for o in plain.d2["one_sided"]}
     assert extra == {"Float16Module", "GPTModel"}
     assert all(o["expected"] for o in wrapped.d2["one_sided"])
@@ -266,12 +271,14 @@ def test_naming_file_worked_example_maps_a_new_family(synth_dirs, tmp_path):
     assert out.first["rollout_modules"] == ["transformer.encoder.layers.1.mlp.dense_4h_to_h"]
     assert out.first["status"] == "parameter_mismatch"
     gu = out.verdict(["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"])
-    assert gu["kind"] == "composite" and gu["rollout_modules"] == ["transformer.encoder.layers.0.mlp.dense_h_to_4h"]
+    assert gu["kind"] == "composite"
+    assert gu["rollout_modules"] == ["transformer.encoder.layers.0.mlp.dense_h_to_4h"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="profiles.yaml: the act role does not match HF Phi-3's "
-                   "'mlp.activation_fn', so a clean Phi-3 pair reports unexpected activation-like "
-                   "one-sided modules on both sides")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="profiles.yaml: the act role does not match HF Phi-3's 'mlp.activation_fn', so a clean Phi-3 "
+           "pair reports unexpected activation-like one-sided modules on both sides")
 def test_hf_phi3_activation_fn_is_paired_with_vllm_act_fn(synth_dirs, tmp_path):
     _, train, rollout = synth_dirs(layers=2)
     phi3 = tmp_path / "train"

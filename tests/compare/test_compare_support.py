@@ -1,7 +1,8 @@
 """Shared helpers of the test_compare_* files: run the compare CLI and read its four outputs.
 
-Imported by the sibling test files (``from compare.test_compare_support import ...``; ``tests`` is on sys.path); it holds no
-tests itself. Synthetic scenarios are generated and compared once per session and cached.
+Imported by the sibling test files as ``compare.test_compare_support`` (``tests/`` is on
+sys.path, see tests/conftest.py); it holds no tests itself. Synthetic scenarios are generated
+and compared once per session and cached.
 """
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ def assert_same_findings(tensor, stats):
 @pytest.mark.parametrize("fmt", ["npy", "pt"])
 def test_hf_vs_vllm_gate_fault_in_tensor_mode(synth_run, fmt):
     fault = (F.CorruptWeight("rollout", "gate", 1),)
-    out = synth_run(layers=2, faults=fault, task="tensor", tensor_format=fmt)
-    assert_same_findings(out, synth_run(layers=2, faults=fault))
+    out = synth_run(faults=fault, task="tensor", tensor_format=fmt)
+    assert_same_findings(out, synth_run(faults=fault))
     assert out.first["train_modules"] == GATE_UP1 and out.first["status"] == "parameter_mismatch"
     assert all(r["mode"] == "tensor" and set(r["tensor_metrics"]) >= METRICS for r in out.d3["results"])
     bad = out.result("L1.gate+L1.up")
@@ -39,32 +39,32 @@ def test_hf_vs_vllm_gate_fault_in_tensor_mode(synth_run, fmt):
 @pytest.mark.parametrize("fmt", ["npy", "pt"])
 def test_megatron_vs_vllm_down_fault_in_tensor_mode(synth_run, fmt):
     fault = (F.CorruptWeight("rollout", "down", 1),)
-    out = synth_run(layers=2, train="megatron", faults=fault, task="tensor", tensor_format=fmt)
-    assert_same_findings(out, synth_run(layers=2, train="megatron", faults=fault))
+    out = synth_run(train="megatron", faults=fault, task="tensor", tensor_format=fmt)
+    assert_same_findings(out, synth_run(train="megatron", faults=fault))
     assert (out.first["train_modules"], out.first["status"]) == (FC2, "parameter_mismatch")
     assert out.first["rollout_modules"] == ["model.layers.1.mlp.down_proj"]
     assert out.result("L1.down.weight")["tensor_metrics"]["rel_l2"] > 0.1
 
 
 def test_clean_pair_with_kernel_noise_matches_everywhere_in_tensor_mode(synth_run):
-    out = synth_run(layers=2, faults=(F.KernelNoise("train"), F.KernelNoise("rollout", seed=1)), task="tensor")
+    out = synth_run(faults=(F.KernelNoise("train"), F.KernelNoise("rollout", seed=1)), task="tensor")
     assert out.first["pair"] is None
     assert {r["status"] for r in out.d3["results"]} == {"match"}
     assert all(r["tensor_metrics"]["cosine"] > 0.9999 for r in out.d3["results"])
 
 
 def test_layouts_are_aligned_not_reported(synth_run):
-    out = synth_run(layers=2, task="tensor")
+    out = synth_run(task="tensor")
     r = out.result("L1.attn_norm_out")
     assert r["train"]["shapes"] == [[1, 8, 64]] and r["rollout"]["shapes"] == [[8, 64]]
     assert r["status"] == "match" and r["reason"] is None
-    meg = synth_run(layers=2, train="megatron", task="tensor")
+    meg = synth_run(train="megatron", task="tensor")
     r = meg.result("L1.mlp_out")
     assert r["train"]["shapes"] == [[8, 1, 64]] and r["status"] == "match"
 
 
 def test_permuted_fused_weight_is_a_parameter_mismatch_in_tensor_mode(synth_run):
-    out = synth_run(layers=2, faults=(F.PermuteQKV("rollout", 1),), task="tensor")
+    out = synth_run(faults=(F.PermuteQKV("rollout", 1),), task="tensor")
     v = out.verdict(["model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj",
                      "model.layers.1.self_attn.v_proj"])
     assert (v["status"], v["module_priority_rank"]) == ("parameter_mismatch", 1)
@@ -73,7 +73,7 @@ def test_permuted_fused_weight_is_a_parameter_mismatch_in_tensor_mode(synth_run)
 
 
 def test_megatron_grouped_qkv_is_regrouped_against_hf_parts(synth_run):
-    out = synth_run(layers=2, train="megatron", rollout="hf", task="tensor")
+    out = synth_run(train="megatron", rollout="hf", task="tensor")
     for point in ("L1.q+L1.k+L1.v", "L1.q.weight+L1.k.weight+L1.v.weight"):
         r = out.result(point)
         assert r["kind"] == "composite" and r["status"] == "match"
@@ -95,8 +95,10 @@ def test_padded_vocab_is_structural_in_statistics_and_trimmed_in_tensor_mode(syn
     assert tensor.first["pair"] is None
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="compare/__init__.py _vocab_padded needs equal ranks: Megatron "
-                   "logits [T,1,Vpad] vs vLLM [T,V] are 'incomparable: shape conflict', not padded_vocab")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="compare/__init__.py _vocab_padded needs equal ranks: Megatron logits [T,1,Vpad] vs vLLM "
+           "[T,V] are 'incomparable: shape conflict', not padded_vocab")
 def test_megatron_padded_logits_are_a_padded_vocab_structural(synth_run):
     out = synth_run(train="megatron", layers=2, config={"vocab": 100},
                     train_options={"pad_vocab": True}, rollout_options={"pad_vocab": True})
@@ -122,7 +124,7 @@ def _halve_rollout_down_weight(rollout, dest):
 
 
 def test_tp_shard_is_structural_in_statistics_mode(synth_dirs, tmp_path):
-    _, train, rollout = synth_dirs(task="tensor", layers=2)
+    _, train, rollout = synth_dirs(task="tensor")
     _halve_rollout_down_weight(rollout, tmp_path / "rollout")
     out = run_cli(train, tmp_path / "rollout", tmp_path / "out", "--statistics-only")
     r = out.result("L1.down.weight")
@@ -131,10 +133,12 @@ def test_tp_shard_is_structural_in_statistics_mode(synth_dirs, tmp_path):
     assert v["parameter_status"] == "structural" and v["status"] == "clean"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="compare/__init__.py _judge_tensor: a TP shard (64 vs 32 rows) "
-                   "passes _vocab_padded, is trimmed to the first 32 rows and reported 'match'")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="compare/__init__.py _judge_tensor: a TP shard (64 vs 32 rows) passes _vocab_padded, is "
+           "trimmed to the first 32 rows and reported 'match'")
 def test_tp_shard_is_structural_in_tensor_mode(synth_dirs, tmp_path):
-    _, train, rollout = synth_dirs(task="tensor", layers=2)
+    _, train, rollout = synth_dirs(task="tensor")
     _halve_rollout_down_weight(rollout, tmp_path / "rollout")
     out = run_cli(train, tmp_path / "rollout", tmp_path / "out")
     r = out.result("L1.down.weight")
@@ -142,14 +146,14 @@ def test_tp_shard_is_structural_in_tensor_mode(synth_dirs, tmp_path):
 
 
 def test_statistics_only_ignores_tensor_files(synth_dirs, tmp_path):
-    _, train, rollout = synth_dirs(layers=2, faults=(F.CorruptWeight("rollout", "gate", 1),), task="tensor")
+    _, train, rollout = synth_dirs(faults=(F.CorruptWeight("rollout", "gate", 1),), task="tensor")
     out = run_cli(train, rollout, tmp_path, "--statistics-only")
     assert out.d3["mode"] == "statistics" and all(r["tensor_metrics"] is None for r in out.d3["results"])
     assert out.first["train_modules"] == GATE_UP1
 
 
 def test_unsafe_or_missing_tensor_file_degrades_that_leaf_to_statistics(synth_dirs, tmp_path):
-    _, train, rollout = synth_dirs(task="tensor", layers=2)
+    _, train, rollout = synth_dirs(task="tensor")
     doc = json.loads((rollout / "dump.json").read_text(encoding="utf-8"))
     assert doc["dump_data_dir"].startswith("/") and not (rollout / doc["dump_data_dir"]).exists()
     key = next(k for k in doc["data"] if k.startswith("Module.model.layers.1.mlp.down_proj."))
@@ -165,12 +169,13 @@ def test_unsafe_or_missing_tensor_file_degrades_that_leaf_to_statistics(synth_di
     for point, words in (("L1.down.weight", "'..' refused"), ("L0.down.weight", "not found")):
         r = out.result(point)
         assert r["mode"] == "statistics" and r["status"] == "match"
-        assert any(n.startswith("tensor unavailable, statistics used instead") and words in n for n in r["notes"])
+        assert any(n.startswith("tensor unavailable, statistics used instead") and words in n
+                   for n in r["notes"])
     assert out.d3["mode"] == "tensor" and out.result("L1.mlp_out")["mode"] == "tensor"
 
 
 def test_tensor_folder_symlinked_outside_the_dump_is_refused(synth_dirs, tmp_path):
-    _, train, rollout = synth_dirs(task="tensor", layers=2)
+    _, train, rollout = synth_dirs(task="tensor")
     linked = tmp_path / "rollout"
     linked.mkdir()
     (linked / "dump.json").write_bytes((rollout / "dump.json").read_bytes())
@@ -181,20 +186,24 @@ def test_tensor_folder_symlinked_outside_the_dump_is_refused(synth_dirs, tmp_pat
     assert out.first["pair"] is None
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="compare/__init__.py: a direct comparison between Megatron's grouped "
-                   "qkv layout and vLLM's [q;k;v] is not regrouped, so a clean pair is 'structural' "
-                   "(multiset equal) in tensor mode instead of 'match'")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="compare/__init__.py: a direct comparison between Megatron's grouped qkv layout and vLLM's "
+           "[q;k;v] is not regrouped, so a clean pair is 'structural' (multiset equal) in tensor mode "
+           "instead of 'match'")
 def test_megatron_vs_vllm_fused_qkv_matches_in_tensor_mode(synth_run):
-    out = synth_run(layers=2, train="megatron", task="tensor")
+    out = synth_run(train="megatron", task="tensor")
     for point in ("L1.q+L1.k+L1.v", "L1.q.weight+L1.k.weight+L1.v.weight"):
         assert out.result(point)["status"] == "match"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="compare/__init__.py: after the Megatron qkv regroup, a remaining "
-                   "row permutation is called 'structural' (multiset equal, order differs by design), "
-                   "hiding a permuted linear_qkv weight in tensor mode")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="compare/__init__.py: after the Megatron qkv regroup, a remaining row permutation is called "
+           "'structural' (multiset equal, order differs by design), hiding a permuted linear_qkv weight "
+           "in tensor mode")
 def test_permuted_megatron_qkv_is_not_excused_as_layout(synth_run):
-    out = synth_run(layers=2, train="megatron_local", rollout="hf", faults=(F.PermuteQKV("train", 1),), task="tensor")
+    out = synth_run(train="megatron_local", rollout="hf", faults=(F.PermuteQKV("train", 1),), task="tensor")
     assert out.result("L1.q.weight+L1.k.weight+L1.v.weight")["status"] == "mismatch"
     assert out.first["train_modules"] == ["decoder.layers.1.self_attention.linear_qkv"]
 
