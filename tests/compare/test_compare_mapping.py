@@ -298,3 +298,13 @@ def test_skill_md_frontmatter_and_references_exist():
     assert 0 < len(front["description"]) <= 1024
     for ref in set(re.findall(r"references/[a-z_]+\.md", text)):
         assert (skill / ref).is_file(), ref
+
+
+def test_dumps_of_different_models_are_flagged_not_comparable(synth_dirs, tmp_path):
+    _, train3, _ = synth_dirs(layers=3)
+    _, _, rollout2 = synth_dirs(layers=2)
+    out = run_cli(train3, rollout2, tmp_path)
+    comp = out.d4["comparability"]
+    assert comp["comparable"] is False
+    assert any("different numbers of layers (train 3, rollout 2)" in r for r in comp["reasons"])
+    assert "may not be comparable" in (out.dir / "output_4_module_analysis.md").read_text()
