@@ -139,11 +139,6 @@ def test_tensor_metrics_and_multiset():
     assert T.stats_of(t) == pytest.approx((t.max(), t.min(), t.mean(), np.linalg.norm(t)))
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="compare/__init__.py load_tolerances merges one level deep: an elementwise override with rtol "
-           "only drops the built-in atol, and a tensor-mode run then stops with 'internal error: "
-           "KeyError: atol' (exit 1)")
 def test_partial_elementwise_override_keeps_the_other_builtin_value(tmp_path):
     f = tmp_path / "tol.yaml"
     f.write_text("tensor: {elementwise: {float32: {rtol: 1.0e-3}}}\n")

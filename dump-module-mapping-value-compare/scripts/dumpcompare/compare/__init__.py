@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from ..errors import read_user_yaml
+from ..userconfig import builtin, merge, read_user_yaml
 from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import tensors as T
@@ -53,17 +52,8 @@ class Result:
 
 def load_tolerances(user_file: str | None = None) -> dict:
     """Built-in tolerances, with a user YAML merged over them (safe loader only)."""
-    tol = yaml.safe_load(_TOL_FILE.read_text(encoding="utf-8"))
-    if user_file:
-        extra = read_user_yaml(user_file, "tolerances")
-        for section in ("statistics", "tensor"):
-            if isinstance(extra.get(section), dict):
-                for k, v in extra[section].items():
-                    if isinstance(v, dict) and isinstance(tol[section].get(k), dict):
-                        tol[section][k].update(v)
-                    else:
-                        tol[section][k] = v
-    return tol
+    tol = builtin(_TOL_FILE)
+    return merge(tol, read_user_yaml(user_file, "tolerances")) if user_file else tol
 
 
 def dtype_key(dtype: str | None) -> str:

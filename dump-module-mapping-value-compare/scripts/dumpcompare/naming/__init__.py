@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
-from ..errors import read_user_yaml
+from ..userconfig import builtin, merge, read_user_yaml
 from ..records import FORWARD, Dump, Entry
 
 _BUILTIN = Path(__file__).with_name("profiles.yaml")
@@ -63,33 +60,10 @@ class ModuleRecord:
         return f"path:{self.path}"
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        elif isinstance(v, list) and isinstance(out.get(k), list):
-            out[k] = v + out[k]          # user rules first, so they win
-        else:
-            out[k] = v
-    return out
-
-
 def load_profiles(user_file: str | None = None) -> dict:
     """Built-in profiles merged with an optional user YAML file (read with a safe loader)."""
-    prof = _builtin()
-    if user_file:
-        prof = _merge(prof, read_user_yaml(user_file, "naming profile"))
-    return prof
-
-
-@lru_cache(maxsize=1)
-def _builtin_cached() -> str:
-    return _BUILTIN.read_text(encoding="utf-8")
-
-
-def _builtin() -> dict:
-    return yaml.safe_load(_builtin_cached())
+    prof = builtin(_BUILTIN)
+    return merge(prof, read_user_yaml(user_file, "naming profile")) if user_file else prof
 
 
 class Namer:
