@@ -95,10 +95,6 @@ def test_padded_vocab_is_structural_in_statistics_and_trimmed_in_tensor_mode(syn
     assert tensor.first["pair"] is None
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="compare/__init__.py _vocab_padded needs equal ranks: Megatron logits [T,1,Vpad] vs vLLM "
-           "[T,V] are 'incomparable: shape conflict', not padded_vocab")
 def test_megatron_padded_logits_are_a_padded_vocab_structural(synth_run):
     out = synth_run(train="megatron", layers=2, config={"vocab": 100},
                     train_options={"pad_vocab": True}, rollout_options={"pad_vocab": True})
@@ -133,10 +129,6 @@ def test_tp_shard_is_structural_in_statistics_mode(synth_dirs, tmp_path):
     assert v["parameter_status"] == "structural" and v["status"] == "clean"
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="compare/__init__.py _judge_tensor: a TP shard (64 vs 32 rows) passes _vocab_padded, is "
-           "trimmed to the first 32 rows and reported 'match'")
 def test_tp_shard_is_structural_in_tensor_mode(synth_dirs, tmp_path):
     _, train, rollout = synth_dirs(task="tensor")
     _halve_rollout_down_weight(rollout, tmp_path / "rollout")
@@ -186,22 +178,12 @@ def test_tensor_folder_symlinked_outside_the_dump_is_refused(synth_dirs, tmp_pat
     assert out.first["pair"] is None
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="compare/__init__.py: a direct comparison between Megatron's grouped qkv layout and vLLM's "
-           "[q;k;v] is not regrouped, so a clean pair is 'structural' (multiset equal) in tensor mode "
-           "instead of 'match'")
 def test_megatron_vs_vllm_fused_qkv_matches_in_tensor_mode(synth_run):
     out = synth_run(train="megatron", task="tensor")
     for point in ("L1.q+L1.k+L1.v", "L1.q.weight+L1.k.weight+L1.v.weight"):
         assert out.result(point)["status"] == "match"
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="compare/__init__.py: after the Megatron qkv regroup, a remaining row permutation is called "
-           "'structural' (multiset equal, order differs by design), hiding a permuted linear_qkv weight "
-           "in tensor mode")
 def test_permuted_megatron_qkv_is_not_excused_as_layout(synth_run):
     out = synth_run(train="megatron_local", rollout="hf", faults=(F.PermuteQKV("train", 1),), task="tensor")
     assert out.result("L1.q.weight+L1.k.weight+L1.v.weight")["status"] == "mismatch"

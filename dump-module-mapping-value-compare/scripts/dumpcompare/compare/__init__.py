@@ -12,7 +12,10 @@ from ..userconfig import builtin, merge, read_user_yaml
 from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import tensors as T
+from .layout import match_grouped_qkv, size_relation, trim_padding
 from .stats import Stats, combine, nonfinite_one_side, stat_errors
+
+GROUPED = "megatron_grouped_qkv"
 
 _TOL_FILE = Path(__file__).with_name("tolerances.yaml")
 SEVERITY = {"match": 0, "drift": 1, "mismatch": 2, "nonfinite": 3}
@@ -159,20 +162,20 @@ class Executor:
         res.status = _grade(err, tol, strict)
 
     def _size_conflict(self, plan, res: Result, ts: Stats, rs: Stats) -> None:
-        big, small = max(ts.numel, rs.numel), min(ts.numel, rs.numel)
         tshape, rshape = res.train["shapes"], res.rollout["shapes"]
-        if small and big % small == 0 and 2 <= big // small <= 256 and plan.kind == "direct":
+        kind, detail = (size_relation(plan.point, tshape[0], rshape[0])
+                        if plan.kind == "direct" else (None, None))
+        if kind == "tp_shard":
             res.status = "structural"
-            res.reason = (f"tp_shard: one side holds 1/{big // small} of the other's elements "
+            res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension "
                           f"({tshape} vs {rshape}); gather the shards before comparing")
-            return
-        if _vocab_padded(tshape, rshape):
+        elif kind == "padded_vocab":
             res.status = "structural"
-            res.reason = f"padded_vocab: vocabulary rows padded on one side ({tshape} vs {rshape})"
+            res.reason = f"padded_vocab: vocabulary padded on one side ({tshape} vs {rshape})"
             res.stat_errors = {"norm_rel": abs(ts.norm - rs.norm) / max(ts.norm, rs.norm)
                                if ts.norm and rs.norm else None}
-            return
-        res.reason = f"shape conflict: {ts.numel} vs {rs.numel} elements ({tshape} vs {rshape})"
+        else:
+            res.reason = f"shape conflict: {ts.numel} vs {rs.numel} elements ({tshape} vs {rshape})"
 
     # -- tensors --------------------------------------------------------------------------
     def _tensors(self, plan, tl, rl, res: Result):
@@ -200,14 +203,21 @@ class Executor:
         elt = max((_tol(el, dt), _tol(el, dr)), key=lambda d: d["rtol"])
         res.tolerance, res.strict_tolerance = tol, strict
         try:
-            t, r, note = self._assemble(plan, tarrs, rarrs)
+            t, r, note = self._assemble(plan, tarrs, rarrs, elt)
         except ValueError as exc:
-            res.reason = str(exc)
-            if len(tarrs) == len(rarrs) == 1 and _vocab_padded(res.train["shapes"], res.rollout["shapes"]):
-                t, r = _trim_vocab(tarrs[0], rarrs[0])
+            kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
+                            if plan.kind == "direct" else (None, None))
+            if kind == "padded_vocab":
+                t, r = trim_padding(tarrs[0], rarrs[0], detail)
+                t, r = t.astype(np.float64), r.astype(np.float64)
                 note = "padded vocabulary rows trimmed before comparing"
-                res.reason = None
+            elif kind == "tp_shard":
+                res.status = "structural"
+                res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension; "
+                              "gather the shards before comparing")
+                return
             else:
+                res.reason = str(exc)
                 return
         if note:
             res.notes.append(note)
@@ -222,33 +232,28 @@ class Executor:
         res.error = m["rel_l2"]
         res.status = _grade(m["rel_l2"], tol, strict)
         if res.status == "mismatch":
-            perm = T.same_multiset(t, r, elt["rtol"], elt["atol"])
-            m["multiset_equal"] = perm
-            if perm and (plan.train_layout or plan.rollout_layout):
-                res.status = "structural"
-                res.reason = (f"values equal as a multiset, order differs by design "
-                              f"({plan.train_layout or plan.rollout_layout})")
+            m["multiset_equal"] = T.same_multiset(t, r, elt["rtol"], elt["atol"])
 
-    def _assemble(self, plan, tarrs, rarrs):
+    def _assemble(self, plan, tarrs, rarrs, elt):
         cat_axis = 0 if plan.axis == "rows" else -1
-        tf, rf = self.t.family, self.r.family
         if plan.axis == "features":
-            tarrs = [T.as_tokens(a, tf) for a in tarrs]
-            rarrs = [T.as_tokens(a, rf) for a in rarrs]
+            tarrs = [T.as_tokens(a, self.t.family) for a in tarrs]
+            rarrs = [T.as_tokens(a, self.r.family) for a in rarrs]
         t = np.concatenate(tarrs, axis=cat_axis) if len(tarrs) > 1 else tarrs[0]
         r = np.concatenate(rarrs, axis=cat_axis) if len(rarrs) > 1 else rarrs[0]
-        grouped = plan.train_layout or plan.rollout_layout
-        if grouped == "megatron_grouped_qkv" and plan.kind == "composite":
-            parts, fused_is_train = (rarrs, True) if len(tarrs) == 1 else (tarrs, False)
-            fused = t if fused_is_train else r
-            best = _best_regroup(fused, parts, cat_axis)
-            if best is not None:
-                regrouped, hd = best
-                t, r = (fused, regrouped) if fused_is_train else (regrouped, fused)
-                return (*T.align(t, r, "vllm", "vllm", plan.axis)[:2],
-                        f"parts regrouped to the Megatron per-group qkv layout (head_dim={hd})")
-        fam_t = "vllm" if plan.axis == "features" else tf
-        fam_r = "vllm" if plan.axis == "features" else rf
+        if (plan.train_layout == GROUPED) != (plan.rollout_layout == GROUPED) and t.shape == r.shape:
+            # One side packs qkv per query group (Megatron), the other as [q; k; v].
+            grouped_is_train = plan.train_layout == GROUPED
+            standard, parts = (r, rarrs) if grouped_is_train else (t, tarrs)
+            sizes = ([p.shape[cat_axis] for p in parts[:2]] if len(parts) == 3 else [None, None])
+            found = match_grouped_qkv(standard, t if grouped_is_train else r, cat_axis,
+                                      elt["rtol"], elt["atol"], *sizes)
+            if found is not None:
+                regrouped, head = found
+                t, r = (t, regrouped) if grouped_is_train else (regrouped, r)
+                return t, r, f"parts regrouped to the Megatron per-group qkv layout (head_dim={head})"
+        fam_t = "vllm" if plan.axis == "features" else self.t.family
+        fam_r = "vllm" if plan.axis == "features" else self.r.family
         return T.align(t, r, fam_t, fam_r, plan.axis)
 
 
@@ -260,59 +265,3 @@ def _grade(err: float, tol: float, strict: float) -> str:
     if err > strict:
         return "drift"
     return "match"
-
-
-def _vocab_padded(tshape, rshape) -> bool:
-    """Same shape except one dimension that is larger on one side, padded to a multiple of 64."""
-    if not tshape or not rshape or len(tshape) != 1 or len(rshape) != 1:
-        return False
-    a, b = tshape[0], rshape[0]
-    if a is None or b is None or len(a) != len(b):
-        return False
-    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-    if len(diff) != 1:
-        return False
-    i = diff[0]
-    big, small = max(a[i], b[i]), min(a[i], b[i])
-    return big % 64 == 0 and big - small < 64 * 8 and (i == 0 or i == len(a) - 1)
-
-
-def _trim_vocab(t: np.ndarray, r: np.ndarray):
-    axis = next(i for i, (x, y) in enumerate(zip(t.shape, r.shape)) if x != y)
-    n = min(t.shape[axis], r.shape[axis])
-    return np.take(t, range(n), axis=axis).astype(np.float64), np.take(r, range(n), axis=axis).astype(np.float64)
-
-
-def _best_regroup(fused: np.ndarray, parts: list[np.ndarray], axis: int):
-    """Lay [q, k, v] out per query group as Megatron does, trying plausible head sizes."""
-    if len(parts) != 3:
-        return None
-    q, k, v = parts
-    ksz = k.shape[axis]
-    best = None
-    for hd in sorted({d for d in range(1, ksz + 1) if ksz % d == 0}, reverse=True):
-        groups = ksz // hd
-        if q.shape[axis] % (groups * hd):
-            continue
-        try:
-            rg = _regroup(q, k, v, groups, axis)
-        except ValueError:
-            continue
-        if rg.shape != fused.shape:
-            continue
-        err = float(np.linalg.norm(rg - fused))
-        if best is None or err < best[0]:
-            best = (err, rg, hd)
-        if err == 0.0:
-            break
-    return None if best is None else (best[1], best[2])
-
-
-def _regroup(q, k, v, groups: int, axis: int) -> np.ndarray:
-    qa, ka, va = (np.moveaxis(x, axis, 0) for x in (q, k, v))
-    rest = qa.shape[1:]
-    qg = qa.reshape(groups, -1, *rest)
-    kg = ka.reshape(groups, -1, *rest)
-    vg = va.reshape(groups, -1, *rest)
-    out = np.concatenate([qg, kg, vg], axis=1).reshape(-1, *rest)
-    return np.moveaxis(out, 0, axis)

@@ -1,0 +1,88 @@
+"""Layout knowledge the executor needs when two tensors do not line up element for element:
+size relations (padded vocabulary, tensor-parallel shards) and Megatron's per-group qkv order."""
+from __future__ import annotations
+
+import numpy as np
+
+# Points whose size follows the vocabulary, which engines pad (vLLM to 64, Megatron to 128 x TP).
+VOCAB_POINTS = {"M.embed.weight", "M.lm_head.weight", "M.logits", "M.logits_last"}
+_MAX_PAD = 1024
+_MAX_SHARDS = 256
+_MAX_LAYOUT_TRIES = 256
+
+
+def _squeeze(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def size_relation(point: str, tshape, rshape) -> tuple[str | None, int | None]:
+    """How two shapes that differ are related: ('padded_vocab', axis), ('tp_shard', ratio) or (None, None).
+
+    Size-1 dimensions are ignored ([T, 1, V] from Megatron against [T, V] from vLLM). Padding
+    applies only to vocabulary-sized tensors and to their first or last dimension; any other
+    single dimension that is an integer multiple of the other side's is read as a shard.
+    """
+    if tshape is None or rshape is None:
+        return None, None
+    a, b = _squeeze(tshape), _squeeze(rshape)
+    if len(a) != len(b):
+        return None, None
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diff) != 1:
+        return None, None
+    i = diff[0]
+    big, small = max(a[i], b[i]), min(a[i], b[i])
+    if point in VOCAB_POINTS and i in (0, len(a) - 1) and big % 64 == 0 and big - small < _MAX_PAD:
+        return "padded_vocab", i
+    if small and big % small == 0 and 2 <= big // small <= _MAX_SHARDS:
+        return "tp_shard", big // small
+    return None, None
+
+
+def trim_padding(t: np.ndarray, r: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the padded vocabulary rows (on squeezed arrays) so both sides have the real vocabulary."""
+    t, r = np.squeeze(t), np.squeeze(r)
+    n = min(t.shape[axis], r.shape[axis])
+    return np.take(t, range(n), axis=axis), np.take(r, range(n), axis=axis)
+
+
+def regroup_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, groups: int, axis: int) -> np.ndarray:
+    """[q; k; v] along ``axis`` laid out per query group: each group's q heads, then its k, then its v."""
+    qa, ka, va = (np.moveaxis(x, axis, 0) for x in (q, k, v))
+    rest = qa.shape[1:]
+    out = np.concatenate([x.reshape(groups, -1, *rest) for x in (qa, ka, va)], axis=1).reshape(-1, *rest)
+    return np.moveaxis(out, 0, axis)
+
+
+def _splits(total: int, q_rows: int | None, kv_rows: int | None):
+    """Candidate (q_rows, kv_rows, groups) for a fused qkv of ``total`` rows."""
+    if q_rows is not None and kv_rows is not None:
+        kvs = [kv_rows]
+    else:
+        kvs = [d for d in range(1, total // 3 + 1) if total % d == 0 and total // d - 2 >= 1]
+    for kv in kvs:
+        q = total - 2 * kv if q_rows is None else q_rows
+        for groups in range(1, kv + 1):
+            if kv % groups == 0 and q % groups == 0:
+                yield q, kv, groups
+
+
+def match_grouped_qkv(standard: np.ndarray, grouped: np.ndarray, axis: int, rtol: float, atol: float,
+                      q_rows: int | None = None, kv_rows: int | None = None):
+    """Find the per-group layout that turns ``standard`` ([q; k; v]) into ``grouped``.
+
+    Returns (regrouped standard, head size) when some split reproduces ``grouped`` within the
+    element tolerance, else None: a fused weight in another order than any grouping explains
+    is a real permutation, not a layout difference.
+    """
+    total = standard.shape[axis]
+    if grouped.shape != standard.shape:
+        return None
+    for n, (q, kv, groups) in enumerate(_splits(total, q_rows, kv_rows)):
+        if n >= _MAX_LAYOUT_TRIES:
+            break
+        parts = np.split(standard, [q, q + kv], axis=axis)
+        rg = regroup_qkv(*parts, groups=groups, axis=axis)
+        if np.allclose(rg, grouped, rtol=rtol, atol=atol, equal_nan=True):
+            return rg, kv // groups
+    return None
