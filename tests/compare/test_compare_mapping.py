@@ -275,10 +275,6 @@ def test_naming_file_worked_example_maps_a_new_family(synth_dirs, tmp_path):
     assert gu["rollout_modules"] == ["transformer.encoder.layers.0.mlp.dense_h_to_4h"]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="profiles.yaml: the act role does not match HF Phi-3's 'mlp.activation_fn', so a clean Phi-3 "
-           "pair reports unexpected activation-like one-sided modules on both sides")
 def test_hf_phi3_activation_fn_is_paired_with_vllm_act_fn(synth_dirs, tmp_path):
     _, train, rollout = synth_dirs(layers=2)
     phi3 = tmp_path / "train"

@@ -215,16 +215,21 @@ def test_inputs_already_diverged_is_not_a_second_root_cause(analyze):
 
 # --- known weaknesses (strict xfail: they flip to failures once fixed, so update the test) -----
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG triage (reverse trap, Megatron vs vLLM): permuted rows in the fused qkv weight are hidden as "
-    "'values equal as a multiset, order differs by design (megatron_grouped_qkv)'; the divergence at "
-    "the consumers (rotary_emb / core_attention q_rot, k_rot) ends as in_module_impl_difference at the "
-    "self_attention container instead of parameter_or_checkpoint_issue at linear_qkv <-> qkv_proj"))
-def test_megatron_permuted_qkv_is_parameter_issue(analyze):
-    doc = analyze([F.PermuteQKV("rollout", 1)], train_layout="megatron").doc
+def test_megatron_permuted_qkv_is_parameter_issue_in_tensor_mode(analyze):
+    doc = analyze([F.PermuteQKV("rollout", 1)], train_layout="megatron", task="tensor").doc
     rc = top(doc)
     assert (rc["category"], rc["train_module"], rc["rollout_module"]) == (
         "parameter_or_checkpoint_issue", "decoder.layers.1.self_attention.linear_qkv", L(1, "self_attn.qkv_proj"))
+
+
+def test_megatron_permuted_qkv_in_statistics_names_the_fused_row_order(analyze):
+    # Both sides fused: statistics of the fused output and weight cannot show a permutation, so the
+    # divergence is placed in the attention block with the fused row order as a hypothesis.
+    doc = analyze([F.PermuteQKV("rollout", 1)], train_layout="megatron").doc
+    rc = top(doc)
+    assert (rc["category"], rc["train_module"], rc["rollout_module"]) == (
+        "in_module_impl_difference", "decoder.layers.1.self_attention", L(1, "self_attn"))
+    assert any("fused weight" in h["statement"] and "order" in h["statement"] for h in rc["hypotheses"])
 
 
 @pytest.mark.xfail(strict=True, reason=(

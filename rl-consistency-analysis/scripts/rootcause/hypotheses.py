@@ -82,6 +82,17 @@ def for_finding(f: dict) -> tuple[list[dict], list[str]]:
                "running the same input through both implementations in isolation reproduces the gap",
                "both implementations give the same output on the dumped input"),
         ]
+        boundary = f.get("evidence", {}).get("boundary") or {}
+        if boundary.get("role") in ("qkv", "gate_up"):
+            fused = _names(boundary.get("rollout_module")) + " / " + _names(boundary.get("train_module"))
+            hyps.append(_h(f"The rows of the fused weight just before it ({fused}) are in a different order on one "
+                           "side: statistics of a fused output cannot show a permutation, only its consumers can.",
+                           "a tensor-mode dump shows the fused weights equal as a multiset but not element-wise",
+                           "the fused weights agree element-wise in a tensor-mode dump"))
+            checks_extra = ["Dump the same step in tensor mode (msprobe task 'tensor') so the fused weights are "
+                            "compared element by element."]
+        else:
+            checks_extra = []
         if precision:
             hyps.insert(0, _h(f"One side computes {t or r} in lower precision ({precision}).",
                               "the module's output dtype differs across sides and the gap matches that "
@@ -89,7 +100,7 @@ def for_finding(f: dict) -> tuple[list[dict], list[str]]:
         checks = [f"Read these config keys on both sides: {keys}.",
                   f"Feed the dumped input of {t or r} to both implementations offline (tensor dump) and compare.",
                   "Rerun both engines in fp32 / eager mode for this module to isolate kernel and precision effects."]
-        return hyps, checks
+        return hyps, checks + checks_extra
     if cat == "upstream_propagation":
         return ([_h("This module only carries a divergence that started upstream.",
                     "fixing the upstream root cause removes it", "it persists after the upstream fix")],

@@ -151,7 +151,8 @@ def _mini(m: dict | None) -> dict | None:
     if m is None:
         return None
     return {"pair": m["pid"], "train_module": _path_names(m["train_modules"]),
-            "rollout_module": _path_names(m["rollout_modules"]), "output_status": m["output_status"]}
+            "rollout_module": _path_names(m["rollout_modules"]), "role": m["role"],
+            "output_status": m["output_status"]}
 
 
 def _one_sided_view(o: dict) -> dict:
