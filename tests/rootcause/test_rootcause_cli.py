@@ -219,10 +219,6 @@ def test_reuse_outputs_with_damaged_output_exits_2(analyze, cli, tmp_path, damag
     assert "output_3_value_compare.json" in one_line_error(err)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG cli.main: an output_4 with the right schema_version but malformed content (a module without "
-    "its fields) raises KeyError inside triage and exits 1 ('internal error'), the same code "
-    "--fail-on-finding uses for a finding; an input error should exit 2"))
 def test_reuse_outputs_with_malformed_output_4_is_an_input_error(analyze, cli, tmp_path):
     res = analyze([F.PermuteQKV("rollout", 1)])
     out = tmp_path / "out"

@@ -41,10 +41,35 @@ class Evidence:
         return self.compare.get("mode", "statistics")
 
 
+# Keys the triage reads from each record (output_schemas.md of the sibling skill).
+_MODULE_KEYS = {"pid", "kind", "train_modules", "rollout_modules", "layer", "block", "role", "train_order",
+                "input_status", "input_status_source", "parameter_status", "output_status", "amplification",
+                "dtype_boundary", "status", "module_priority_rank", "rank_reason", "is_container", "points", "note"}
+_RESULT_KEYS = {"cid", "point", "status", "error", "train", "rollout", "dtype_differs", "pair"}
+_ONE_SIDED_KEYS = {"side", "module", "class", "layer", "role", "index", "expected", "reason", "activation_like",
+                   "before_pair", "after_pair"}
+
+
+def _check(path: Path, records, keys: set, what: str) -> None:
+    if not isinstance(records, list):
+        raise EvidenceError(f"{path}: '{what}' is not a list")
+    for i, rec in enumerate(records):
+        missing = keys - set(rec) if isinstance(rec, dict) else keys
+        if missing:
+            raise EvidenceError(f"{path}: {what}[{i}] lacks {', '.join(sorted(missing))}")
+
+
 def load(out_dir: Path) -> Evidence:
-    """Load output_2, output_3 and output_4 from ``out_dir``."""
-    ev = Evidence(_read(out_dir / "output_2_mapping.json"), _read(out_dir / "output_3_value_compare.json"),
-                  _read(out_dir / "output_4_module_analysis.json"))
+    """Load output_2, output_3 and output_4 from ``out_dir``; malformed records are an EvidenceError."""
+    paths = [out_dir / n for n in ("output_2_mapping.json", "output_3_value_compare.json",
+                                   "output_4_module_analysis.json")]
+    ev = Evidence(*(_read(p) for p in paths))
+    _check(paths[0], ev.mapping.get("one_sided"), _ONE_SIDED_KEYS, "one_sided")
+    _check(paths[1], ev.compare.get("results"), _RESULT_KEYS, "results")
+    _check(paths[2], ev.analysis.get("modules"), _MODULE_KEYS, "modules")
+    for i, m in enumerate(ev.analysis["modules"]):
+        if not isinstance(m["points"], dict) or not {"in", "param", "out"} <= set(m["points"]):
+            raise EvidenceError(f"{paths[2]}: modules[{i}].points needs in, param and out lists")
     ev.modules = ev.analysis.get("modules", [])
     ev.pos = {m["pid"]: i for i, m in enumerate(ev.modules)}
     ev.results = {r["cid"]: r for r in ev.compare.get("results", [])}
