@@ -155,11 +155,6 @@ def test_megatron_permuted_qkv_shows_at_core_attention_inputs(synth_run):
     assert {"L1.q_rot", "L1.k_rot"} <= bad
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="analysis.py rank-2 rule ('inputs diverged although the previous aligned module's output "
-           "agrees') ignores that the diverged input is the residual stream from an already diverged "
-           "earlier pair (unexplained_input_points is empty)")
 def test_embedding_scale_hidden_by_the_norm_has_a_single_candidate(synth_run):
     # With seed 0 the synthetic corruption of the embedding is an exact x1.5 scaling, which
     # RMSNorm removes: the divergence reappears only at the first residual add.

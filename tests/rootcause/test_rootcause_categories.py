@@ -241,10 +241,6 @@ def test_norm_eps_statistics_reports_no_later_layer_cause(analyze):
     assert [c["layer"] for c in doc["root_causes"] if c["layer"] != 1] == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG triage.classify/hypotheses: CorruptWeight(rollout, lm_head): vLLM's logits_processor dumps no "
-    "lm_head weight (parameter_status 'unknown'), yet the cause is in_module_impl_difference with "
-    "side_reason 'inputs and parameters agree' and no hypothesis about the lm_head weight"))
 def test_uncompared_lm_head_weight_is_not_said_to_agree(analyze):
     doc = analyze([F.CorruptWeight("rollout", "lm_head")]).doc
     rc = top(doc)

@@ -104,18 +104,20 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
     verdicts: list[ModuleVerdict] = []
     prev: dict = {}          # layer -> output status of the last non-container pair there
     last: str | None = None
+    diverged_earlier: set[str] = set()   # points an earlier pair already output diverged
     for pair in plan.pairs:
         before = prev.get(pair.layer, last) if pair.layer is not None else last
-        v = _judge(pair, by_point, by_cid, produced, train, rollout, before)
+        v = _judge(pair, by_point, by_cid, produced, train, rollout, before, diverged_earlier)
         v.is_container = pair.pid in containers
         verdicts.append(v)
+        diverged_earlier.update(p.point for p in v.points["out"] if p.status in DIVERGED)
         if not v.is_container and v.output_status in SEVERITY:
             prev[pair.layer] = last = v.output_status
     _containers(verdicts, train)
     return verdicts, _first_divergence(verdicts, results, train)
 
 
-def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out) -> ModuleVerdict:
+def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, diverged_earlier) -> ModuleVerdict:
     pts = {}
     for io in ("in", "param", "out"):
         pts[io] = [_point_verdict(p, by_point, pair.pid) for p in pair.points[io]]
@@ -133,7 +135,11 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out) -> 
     boundary = _dtype_boundary(pair, by_point, by_cid)
     unexplained = [v.point for v in pts["in"] if v.status in DIVERGED and v.point not in produced]
     margins = (_margin(pts["in"]), _margin(pts["out"]))
-    status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, prev_out)
+    # A clean previous module marks a broken boundary only if no earlier pair already put out
+    # the diverged input (the residual stream can skip past a module whose output agrees).
+    carried = any(v.point in diverged_earlier for v in pts["in"] if v.status in DIVERGED)
+    boundary_clean = prev_out in ("match", "drift") and not carried
+    status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean)
     return ModuleVerdict(
         pair.pid, pair.kind, [train[i].path for i in pair.train], [rollout[i].path for i in pair.rollout],
         pair.layer, pair.block, pair.role, min(pair.train), in_s, source, par_s, out_s, in_e, par_e, out_e,
@@ -155,13 +161,13 @@ def _cid(point: str, pid: str, by_point) -> str | None:
     return r.cid if r else None
 
 
-def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, prev_out) -> tuple[str, int, str]:
+def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean) -> tuple[str, int, str]:
     in_m, out_m = margins
     if par_s in DIVERGED:
         return "parameter_mismatch", 1, "parameters differ between the sides"
     if out_s in DIVERGED:
         if in_s in DIVERGED:
-            if prev_out in ("match", "drift"):
+            if boundary_clean:
                 return ("propagated", 2, "inputs diverged although the previous aligned module's output agrees: "
                         "something between the two aligned modules differs")
             return "propagated", 3, "inputs already diverged"

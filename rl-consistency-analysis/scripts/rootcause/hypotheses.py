@@ -82,6 +82,11 @@ def for_finding(f: dict) -> tuple[list[dict], list[str]]:
                "running the same input through both implementations in isolation reproduces the gap",
                "both implementations give the same output on the dumped input"),
         ]
+        if f.get("evidence", {}).get("parameters_uncompared"):
+            hyps.insert(0, _h(f"The weight of {t or r} differs between the sides; the dumps could not compare it.",
+                              "the weight each engine actually uses (read from the engine, e.g. the tied "
+                              "embedding or lm_head tensor) differs from the other side's",
+                              "both engines' weights equal the checkpoint tensor"))
         boundary = f.get("evidence", {}).get("boundary") or {}
         if boundary.get("role") in ("qkv", "gate_up"):
             fused = _names(boundary.get("rollout_module")) + " / " + _names(boundary.get("train_module"))

@@ -203,8 +203,13 @@ def classify(ev: Evidence, m: dict) -> dict:
         return f
     if m["status"] == "origin" and not m["is_container"]:
         f["category"] = "in_module_impl_difference"
-        f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference is "
-                            "in how it computes: compare its configuration on both sides to decide")
+        if m["parameter_status"] in ("unknown", "structural"):
+            ev_info["parameters_uncompared"] = True
+            f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
+                                "them), so a weight difference is as possible as an implementation difference")
+        else:
+            f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference "
+                                "is in how it computes: compare its configuration on both sides to decide")
         if m["input_status_source"] != "compared":
             ev_info["inputs_inferred"] = True
         return f
