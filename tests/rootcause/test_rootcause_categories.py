@@ -232,10 +232,6 @@ def test_megatron_permuted_qkv_in_statistics_names_the_fused_row_order(analyze):
     assert any("fused weight" in h["statement"] and "order" in h["statement"] for h in rc["hypotheses"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG triage: statistics mode, NormEps(rollout, 1e-2, layer=1): besides the right cause "
-    "(model.layers.1.input_layernorm) a second in_module_impl_difference at model.layers.3.mlp is "
-    "reported with confidence close to it, although layers 2-3 only carry layer 1's divergence"))
 def test_norm_eps_statistics_reports_no_later_layer_cause(analyze):
     doc = run(analyze, [F.NormEps("rollout", 1e-2, layer=1)], STAT)
     assert [c["layer"] for c in doc["root_causes"] if c["layer"] != 1] == []

@@ -105,19 +105,26 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
     prev: dict = {}          # layer -> output status of the last non-container pair there
     last: str | None = None
     diverged_earlier: set[str] = set()   # points an earlier pair already output diverged
+    masked: set[str] = set()             # statistics that agree only after the inputs diverged
     for pair in plan.pairs:
         before = prev.get(pair.layer, last) if pair.layer is not None else last
-        v = _judge(pair, by_point, by_cid, produced, train, rollout, before, diverged_earlier)
+        v = _judge(pair, by_point, by_cid, produced, train, rollout, before, diverged_earlier, masked)
         v.is_container = pair.pid in containers
         verdicts.append(v)
         diverged_earlier.update(p.point for p in v.points["out"] if p.status in DIVERGED)
+        if v.input_status in DIVERGED and v.output_status in ("match", "drift"):
+            # Summary statistics can agree while elements do not (a norm rescales a diverged
+            # stream to the same RMS); only tensors show a real realignment.
+            masked.update(p.point for p in v.points["out"]
+                          if p.cid in by_cid and by_cid[p.cid].mode == "statistics")
         if not v.is_container and v.output_status in SEVERITY:
             prev[pair.layer] = last = v.output_status
     _containers(verdicts, train)
     return verdicts, _first_divergence(verdicts, results, train)
 
 
-def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, diverged_earlier) -> ModuleVerdict:
+def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, diverged_earlier,
+           masked) -> ModuleVerdict:
     pts = {}
     for io in ("in", "param", "out"):
         pts[io] = [_point_verdict(p, by_point, pair.pid) for p in pair.points[io]]
@@ -139,7 +146,9 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, div
     # the diverged input (the residual stream can skip past a module whose output agrees).
     carried = any(v.point in diverged_earlier for v in pts["in"] if v.status in DIVERGED)
     boundary_clean = prev_out in ("match", "drift") and not carried
-    status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean)
+    masked_inputs = [v.point for v in pts["in"] if v.point in masked]
+    status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean,
+                                     masked_inputs)
     return ModuleVerdict(
         pair.pid, pair.kind, [train[i].path for i in pair.train], [rollout[i].path for i in pair.rollout],
         pair.layer, pair.block, pair.role, min(pair.train), in_s, source, par_s, out_s, in_e, par_e, out_e,
@@ -161,7 +170,8 @@ def _cid(point: str, pid: str, by_point) -> str | None:
     return r.cid if r else None
 
 
-def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean) -> tuple[str, int, str]:
+def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean,
+                 masked_inputs) -> tuple[str, int, str]:
     in_m, out_m = margins
     if par_s in DIVERGED:
         return "parameter_mismatch", 1, "parameters differ between the sides"
@@ -174,6 +184,9 @@ def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boun
         if in_m is not None and in_m > _CLEAN_MARGIN and out_m is not None and out_m < _AMP_STANDOUT * in_m:
             return ("propagated", 3, f"inputs already near tolerance ({in_m:.2f} of it); the output "
                     "crosses it without a marked amplification")
+        if masked_inputs:
+            return ("propagated", 3, f"inputs agree only in statistics ({', '.join(masked_inputs)}) after an "
+                    "earlier divergence: treated as carrying it")
         if source == "compared":
             return "origin", 1, "inputs and parameters agree, outputs differ"
         return "origin", 2, "outputs differ; inputs not comparable here, the previous aligned module's output agrees"
