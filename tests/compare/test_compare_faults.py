@@ -108,10 +108,6 @@ def test_extra_op_is_an_unexpected_one_sided_module_between_the_aligned_neighbou
     assert own["status"] == "mismatch"
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="analysis.py ranks HF act_fn as a rank-1 origin although its train module never outputs "
-           "L1.act_out (read from down_proj's input, after the train-only extra op)")
 def test_train_side_extra_op_is_not_blamed_on_act_fn(synth_run):
     out = synth_run(faults=(F.ExtraOp("train", 1),))
     extra = out.one_sided("train", L1 + "mlp.extra_op")

@@ -162,11 +162,6 @@ def test_rollout_extra_op_is_missing_on_train(analyze, layer, mode):
     assert rc["op_module"] == L(layer, "mlp.extra_op")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG triage.classify: a train-only unexplained module (model.layers.1.mlp.extra_op, "
-    "expected=False in output_2) sitting between gate_up and down_proj is ignored; the act_fn pair "
-    "(status origin) returns in_module_impl_difference before one_sided_between() is consulted, and "
-    "one_sided_between would not find it anyway (its after_pair is down_proj, past the suspect)"))
 def test_train_extra_op_is_missing_on_rollout(analyze):
     doc = run(analyze, [F.ExtraOp("train", 1)], STAT)
     check_top(doc, "missing_or_extra_op_between_aligned_boundary", L(1, "mlp.extra_op"), None, 1, "train",
@@ -213,7 +208,7 @@ def test_inputs_already_diverged_is_not_a_second_root_cause(analyze):
     assert "model.layers.0" in prop or "model.layers.0.post_attention_layernorm" in prop
 
 
-# --- known weaknesses (strict xfail: they flip to failures once fixed, so update the test) -----
+# --- fused qkv permutations seen with Megatron on the train side -----------------------------
 
 def test_megatron_permuted_qkv_is_parameter_issue_in_tensor_mode(analyze):
     doc = analyze([F.PermuteQKV("rollout", 1)], train_layout="megatron", task="tensor").doc

@@ -53,6 +53,9 @@ class ModuleVerdict:
     is_container: bool = False
     explained_by: str | None = None
     unexplained_input_points: list[str] = field(default_factory=list)
+    # diverged output points that one side shows only at a later module's input, with an
+    # unexpected one-sided module in between on that side: {point: {side, module}}
+    observed_downstream: dict[str, dict] = field(default_factory=dict)
     points: dict[str, list[PointVerdict]] = field(default_factory=dict)
     note: str | None = None
 
@@ -106,9 +109,12 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
     last: str | None = None
     diverged_earlier: set[str] = set()   # points an earlier pair already output diverged
     masked: set[str] = set()             # statistics that agree only after the inputs diverged
+    unexpected = {s: (sorted(o.rec for o in plan.one_sided if o.side == s and not o.expected),
+                      {r.key: i for i, r in enumerate(recs)})
+                  for s, recs in (("train", train), ("rollout", rollout))}
     for pair in plan.pairs:
         before = prev.get(pair.layer, last) if pair.layer is not None else last
-        v = _judge(pair, by_point, by_cid, produced, train, rollout, before, diverged_earlier, masked)
+        v = _judge(pair, by_point, by_cid, produced, train, rollout, before, diverged_earlier, masked, unexpected)
         v.is_container = pair.pid in containers
         verdicts.append(v)
         diverged_earlier.update(p.point for p in v.points["out"] if p.status in DIVERGED)
@@ -124,7 +130,7 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
 
 
 def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, diverged_earlier,
-           masked) -> ModuleVerdict:
+           masked, unexpected) -> ModuleVerdict:
     pts = {}
     for io in ("in", "param", "out"):
         pts[io] = [_point_verdict(p, by_point, pair.pid) for p in pair.points[io]]
@@ -144,15 +150,44 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, div
     margins = (_margin(pts["in"]), _margin(pts["out"]))
     # A clean previous module marks a broken boundary only if no earlier pair already put out
     # the diverged input (the residual stream can skip past a module whose output agrees).
+    downstream = _observed_downstream(pair, pts["out"], by_cid, train, rollout, unexpected)
     carried = any(v.point in diverged_earlier for v in pts["in"] if v.status in DIVERGED)
     boundary_clean = prev_out in ("match", "drift") and not carried
     masked_inputs = [v.point for v in pts["in"] if v.point in masked]
     status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean,
                                      masked_inputs)
+    if status == "origin" and rank == 1 and downstream:
+        rank = 2
+        why = ("outputs differ, but one side shows them only at a later module's input, after a module the "
+               f"other side does not have ({', '.join(sorted(downstream))}): that module could be responsible")
     return ModuleVerdict(
         pair.pid, pair.kind, [train[i].path for i in pair.train], [rollout[i].path for i in pair.rollout],
         pair.layer, pair.block, pair.role, min(pair.train), in_s, source, par_s, out_s, in_e, par_e, out_e,
-        amp, boundary, status, rank, why, unexplained_input_points=unexplained, points=pts, note=pair.note)
+        amp, boundary, status, rank, why, unexplained_input_points=unexplained, observed_downstream=downstream,
+        points=pts, note=pair.note)
+
+
+def _observed_downstream(pair: Pair, outs: list[PointVerdict], by_cid, train, rollout,
+                         unexpected: dict[str, tuple[list[int], dict[str, int]]]) -> dict[str, dict]:
+    """Diverged output points that a side holds only as the input of a later module outside the
+    pair, with an unexpected one-sided module in between on that side (which could be the cause)."""
+    recs = {"train": (train, pair.train), "rollout": (rollout, pair.rollout)}
+    found = {}
+    for v in outs:
+        r = by_cid.get(v.cid)
+        if r is None or v.status not in DIVERGED:
+            continue
+        for side, (side_recs, own) in recs.items():
+            one_sided, index = unexpected[side]
+            start = max(own)
+            held = getattr(r, side)
+            for key, leaf in zip(held["keys"], held["leaves"]):
+                end = index.get(key, -1)
+                if end > start and leaf.startswith("input"):
+                    lo = bisect.bisect_right(one_sided, start)
+                    if lo < len(one_sided) and one_sided[lo] < end:
+                        found[v.point] = {"side": side, "module": side_recs[end].path}
+    return found
 
 
 def _dtype_boundary(pair: Pair, by_point, by_cid) -> bool:

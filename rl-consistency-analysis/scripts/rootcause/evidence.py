@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MAJOR = "1"
+SUPPORTED_MAJOR = "1"   # reads 1.x; observed_downstream (1.1) is optional
 
 
 class EvidenceError(Exception):

@@ -201,6 +201,9 @@ def classify(ev: Evidence, m: dict) -> dict:
         f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
                             "module agreed" if side else "dtypes differ but neither is clearly lower")
         return f
+    op = _op_before_observer(ev, m, prev)
+    if op is not None:
+        return _missing_or_extra(f, ev_info, op, m)
     if m["status"] == "origin" and not m["is_container"]:
         f["category"] = "in_module_impl_difference"
         if m["parameter_status"] in ("unknown", "structural"):
@@ -223,20 +226,9 @@ def classify(ev: Evidence, m: dict) -> dict:
     between = one_sided_between(ev, start, region)
     ev_info["boundary"] = _mini(start)
     ev_info["one_sided_between"] = [_one_sided_view(o) for o in between]
-    unexplained = [o for o in between if not o["expected"]]
-    if unexplained:
-        op = sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0]
-        f["category"] = "missing_or_extra_op_between_aligned_boundary"
-        f["side"] = op["side"]
-        f["missing_on"] = "train" if op["side"] == "rollout" else "rollout"
-        f["op_module"] = op["module"]
-        f["side_reason"] = (f"{op['module']} exists only on the {op['side']} side between two aligned modules "
-                            f"whose boundary breaks; the naming profiles do not expect it there")
-        f["train_module" if op["side"] == "train" else "rollout_module"] = op["module"]
-        f["train_module" if op["side"] == "rollout" else "rollout_module"] = None
-        ev_info["suspect_pair"] = _mini(m)
-        ev_info["activation_like_clue"] = op["activation_like"]
-        return f
+    op = _pick_op(between)
+    if op is not None:
+        return _missing_or_extra(f, ev_info, op, m)
     container = m if m["is_container"] else enclosing_container(ev, m)
     f["category"] = "in_module_impl_difference"
     if container is not None and container is not m:
@@ -249,6 +241,39 @@ def classify(ev: Evidence, m: dict) -> dict:
     f["side_reason"] = ("the difference arises between aligned modules, inside computation both sides do "
                         + (f"(one-sided by design: {', '.join(expected)})" if expected else "inline")
                         + "; compare its configuration on both sides to decide")
+    return f
+
+
+def _pick_op(between: list[dict]) -> dict | None:
+    """The unexpected one-sided module to blame, activation-like ones first."""
+    unexplained = [o for o in between if not o["expected"]]
+    return sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0] if unexplained else None
+
+
+def _op_before_observer(ev: Evidence, m: dict, prev: dict | None) -> dict | None:
+    """An unexpected one-sided module between a suspect and the later module where one side's
+    copy of the suspect's output was read (its output is not dumped by the suspect itself)."""
+    for obs in (m.get("observed_downstream") or {}).values():
+        key = "train_modules" if obs["side"] == "train" else "rollout_modules"
+        end = next((x for x in ev.modules if obs["module"] in x[key]), None)
+        if end is not None:
+            op = _pick_op(one_sided_between(ev, prev, end))
+            if op is not None:
+                return op
+    return None
+
+
+def _missing_or_extra(f: dict, ev_info: dict, op: dict, m: dict) -> dict:
+    f["category"] = "missing_or_extra_op_between_aligned_boundary"
+    f["side"] = op["side"]
+    f["missing_on"] = "train" if op["side"] == "rollout" else "rollout"
+    f["op_module"] = op["module"]
+    f["side_reason"] = (f"{op['module']} exists only on the {op['side']} side between two aligned modules "
+                        f"whose boundary breaks; the naming profiles do not expect it there")
+    f["train_module" if op["side"] == "train" else "rollout_module"] = op["module"]
+    f["train_module" if op["side"] == "rollout" else "rollout_module"] = None
+    ev_info["suspect_pair"] = _mini(m)
+    ev_info["activation_like_clue"] = op["activation_like"]
     return f
 
 
