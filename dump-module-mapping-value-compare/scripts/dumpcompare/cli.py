@@ -9,10 +9,11 @@ from . import documents as D
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
-from .loaders import load_side
+from .loaders import load_ranks
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
-from .outputs import write_csv, write_json, write_atomic
+from .outputs import write_atomic, write_csv, write_json
+from .unshard import merge_ranks
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", required=True, help="folder for the outputs (created if missing)")
     for side in ("train", "rollout"):
         ap.add_argument(f"--{side}-step", help=f"step folder to use when --{side} holds several (e.g. 0 or step0)")
-        ap.add_argument(f"--{side}-rank", help=f"rank folder to use when --{side} holds several (e.g. 0, rank0, proc123)")
+        ap.add_argument(f"--{side}-rank", help=f"rank folder to use when --{side} holds several (e.g. 0, rank0, "
+                        f"proc123), or 'all' to merge the tensor-parallel ranks of one step")
         ap.add_argument(f"--{side}-family", choices=FAMILIES, help=f"engine family of the {side} side (default: detected)")
     ap.add_argument("--naming", help="YAML file extending or overriding the built-in naming profiles")
     ap.add_argument("--tolerances", help="YAML file overriding the dtype tolerances")
@@ -47,11 +49,11 @@ def run(args: argparse.Namespace) -> dict:
         raise InputError(f"{out}: --out-dir exists and is not a folder")
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
-    dumps = {s: load_side(getattr(args, s), s, getattr(args, f"{s}_step"), getattr(args, f"{s}_rank"))
-             for s in ("train", "rollout")}
-    fams, recs = {}, {}
-    for s, d in dumps.items():
-        fams[s], recs[s] = name_side(d, s, namer, getattr(args, f"{s}_family"))
+    dumps, fams, recs = {}, {}, {}
+    for s in ("train", "rollout"):
+        ranks = load_ranks(getattr(args, s), s, getattr(args, f"{s}_step"), getattr(args, f"{s}_rank"))
+        fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))
+        dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
     plan = build_plan(recs["train"], recs["rollout"], namer)
     views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}

@@ -36,6 +36,10 @@ class Leaf:
     data_name: str | None = None
     value: Any = None          # for non-tensor items ({"type": "int", "value": 3})
     is_tensor: bool = True
+    # Set when tensor-parallel ranks were merged: how ("concat:<dim>", "sum", "replicated")
+    # and, for tensor files, one (dump_dir, data_name, dump_data_dir) per rank.
+    merge: str | None = None
+    shards: tuple | None = None
 
     @property
     def numel(self) -> int | None:

@@ -12,7 +12,7 @@ from ..userconfig import builtin, merge, read_user_yaml
 from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import tensors as T
-from .layout import match_grouped_qkv, size_relation, trim_padding
+from .layout import interleave_parts, match_grouped_qkv, size_relation, trim_padding
 from .stats import Stats, combine, nonfinite_one_side, stat_errors
 
 GROUPED = "megatron_grouped_qkv"
@@ -134,8 +134,12 @@ class Executor:
             res.reason = f"dtype conflict: {dt} vs {dr}"
             return res
         tensors = self._tensors(plan, tl, rl, res) if self.use_tensors else None
+        if tensors is None and any(lf.merge == "sum" for lf in tl + rl):
+            res.reason = ("partial sums across tensor-parallel ranks: their statistics cannot be combined; "
+                          "compare a tensor dump, or dump after the all-reduce")
+            return res
         if tensors is not None:
-            self._judge_tensor(plan, res, tensors, dt, dr)
+            self._judge_tensor(plan, res, tensors, dt, dr, tl, rl)
         else:
             self._judge_stats(plan, res, ts, rs, dt, dr)
         return res
@@ -186,16 +190,17 @@ class Executor:
             for lf in leaves:
                 if not lf.data_name:
                     return None
+                files = lf.shards or ((view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir),)
                 try:
-                    path = tensorio.resolve_data_file(view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir)
-                    arrs.append(tensorio.load_tensor(path))
+                    parts = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
                 except tensorio.TensorReadError as exc:
                     res.notes.append(f"tensor unavailable, statistics used instead: {exc}")
                     return None
+                arrs.append(_unshard(parts, lf.merge))
             out.append(arrs)
         return out
 
-    def _judge_tensor(self, plan, res: Result, tensors, dt, dr) -> None:
+    def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl) -> None:
         tarrs, rarrs = tensors
         res.mode = "tensor"
         tol, strict = pair_tolerances(self.tol["tensor"]["rel_l2"], dt, dr)
@@ -203,7 +208,7 @@ class Executor:
         elt = max((_tol(el, dt), _tol(el, dr)), key=lambda d: d["rtol"])
         res.tolerance, res.strict_tolerance = tol, strict
         try:
-            t, r, note = self._assemble(plan, tarrs, rarrs, elt)
+            t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl)
         except ValueError as exc:
             kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
                             if plan.kind == "direct" else (None, None))
@@ -234,11 +239,18 @@ class Executor:
         if res.status == "mismatch":
             m["multiset_equal"] = T.same_multiset(t, r, elt["rtol"], elt["atol"])
 
-    def _assemble(self, plan, tarrs, rarrs, elt):
+    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl):
         cat_axis = 0 if plan.axis == "rows" else -1
         if plan.axis == "features":
             tarrs = [T.as_tokens(a, self.t.family) for a in tarrs]
             rarrs = [T.as_tokens(a, self.r.family) for a in rarrs]
+        if plan.kind == "composite":
+            # A fused output merged from R ranks is [part0_r0, part1_r0, ..., part0_r1, ...]:
+            # lay the other side's parts out the same way.
+            if len(tarrs) == 1 and (g := _rank_groups(tl)) > 1:
+                rarrs = [interleave_parts(rarrs, g, cat_axis)]
+            elif len(rarrs) == 1 and (g := _rank_groups(rl)) > 1:
+                tarrs = [interleave_parts(tarrs, g, cat_axis)]
         t = np.concatenate(tarrs, axis=cat_axis) if len(tarrs) > 1 else tarrs[0]
         r = np.concatenate(rarrs, axis=cat_axis) if len(rarrs) > 1 else rarrs[0]
         if (plan.train_layout == GROUPED) != (plan.rollout_layout == GROUPED) and t.shape == r.shape:
@@ -255,6 +267,23 @@ class Executor:
         fam_t = "vllm" if plan.axis == "features" else self.t.family
         fam_r = "vllm" if plan.axis == "features" else self.r.family
         return T.align(t, r, fam_t, fam_r, plan.axis)
+
+
+def _unshard(parts: list[np.ndarray], merge: str | None) -> np.ndarray:
+    """Rebuild one logical tensor from its rank shards (see unshard.py)."""
+    if len(parts) == 1 or merge in (None, "replicated"):
+        return parts[0]
+    if merge == "sum":
+        return np.sum(np.stack([p.astype(np.float64) for p in parts]), axis=0)
+    return np.concatenate(parts, axis=int(merge.split(":")[1]))
+
+
+def _rank_groups(leaves: list[Leaf]) -> int:
+    """Ranks whose shards were concatenated into a fused leaf (each holds its own [part_r ...])."""
+    lf = leaves[0] if len(leaves) == 1 else None
+    if lf is None or not lf.merge or not lf.merge.startswith("concat") or not lf.shards:
+        return 1
+    return len(lf.shards)
 
 
 def _grade(err: float, tol: float, strict: float) -> str:

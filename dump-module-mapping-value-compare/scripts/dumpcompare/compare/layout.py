@@ -46,11 +46,15 @@ def trim_padding(t: np.ndarray, r: np.ndarray, axis: int) -> tuple[np.ndarray, n
     return np.take(t, range(n), axis=axis), np.take(r, range(n), axis=axis)
 
 
-def regroup_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, groups: int, axis: int) -> np.ndarray:
-    """[q; k; v] along ``axis`` laid out per query group: each group's q heads, then its k, then its v."""
-    qa, ka, va = (np.moveaxis(x, axis, 0) for x in (q, k, v))
-    rest = qa.shape[1:]
-    out = np.concatenate([x.reshape(groups, -1, *rest) for x in (qa, ka, va)], axis=1).reshape(-1, *rest)
+def interleave_parts(parts: list[np.ndarray], groups: int, axis: int) -> np.ndarray:
+    """Concatenate ``parts`` group by group along ``axis``: [p0_g0, p1_g0, ..., p0_g1, p1_g1, ...].
+
+    This is Megatron's per-query-group qkv order (groups = KV heads) and also what gathering the
+    rank shards of a fused column-parallel output gives (groups = tensor-parallel ranks).
+    """
+    moved = [np.moveaxis(x, axis, 0) for x in parts]
+    rest = moved[0].shape[1:]
+    out = np.concatenate([x.reshape(groups, -1, *rest) for x in moved], axis=1).reshape(-1, *rest)
     return np.moveaxis(out, 0, axis)
 
 
@@ -82,7 +86,7 @@ def match_grouped_qkv(standard: np.ndarray, grouped: np.ndarray, axis: int, rtol
         if n >= _MAX_LAYOUT_TRIES:
             break
         parts = np.split(standard, [q, q + kv], axis=axis)
-        rg = regroup_qkv(*parts, groups=groups, axis=axis)
+        rg = interleave_parts(parts, groups, axis)
         if np.allclose(rg, grouped, rtol=rtol, atol=atol, equal_nan=True):
             return rg, kv // groups
     return None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..records import Dump
-from .discovery import resolve_dump_file
+from .discovery import resolve_dump_file, resolve_dump_files
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
 from .msprobe import build_entry
@@ -14,9 +14,18 @@ from .msprobe import build_entry
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
 
 
+def load_ranks(arg: str, side: str, step: str | None = None, rank: str | None = None) -> list[Dump]:
+    """One dump per rank to merge (a single dump unless ``rank`` is "all")."""
+    return [load_path(p) for p in resolve_dump_files(arg, side, step, rank)]
+
+
 def load_side(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Dump:
     """Load one side's dump from a file or folder argument (see ``resolve_dump_file``)."""
-    path = resolve_dump_file(arg, side, step, rank)
+    return load_path(resolve_dump_file(arg, side, step, rank))
+
+
+def load_path(path: Path) -> Dump:
+    """Load one dump file (msprobe dump.json or the generic format), entry by entry."""
     if _looks_generic(path):
         return _load_generic(path)
     state = StreamState()

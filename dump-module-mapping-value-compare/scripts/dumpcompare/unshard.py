@@ -1,0 +1,101 @@
+"""Merge the tensor-parallel ranks of one side into one logical dump (the "unsharder").
+
+The planner (:func:`merge_rule`) decides per leaf how ranks relate; the executor
+(:func:`merge_ranks`) combines statistics exactly where the math allows and records, for tensor
+files, which file of which rank holds each shard. The rules, and why they hold for Megatron,
+vLLM and SGLang, are in references/tensor_parallel.md.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+
+from .compare.stats import Stats, combine
+from .naming import ModuleRecord
+from .records import FORWARD, Dump, Leaf
+
+_ROW_PARALLEL_DEFAULT = ("o", "down")
+
+
+def _same(a: Leaf, b: Leaf) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    for x, y in ((a.max, b.max), (a.min, b.min), (a.mean, b.mean), (a.norm, b.norm)):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and not (x == y or (math.isnan(x) and math.isnan(y))
+                                  or abs(x - y) <= 1e-6 * max(abs(x), abs(y))):
+            return False
+    return a.checksum == b.checksum
+
+
+def merge_rule(rec: ModuleRecord, leaf: str, group: list[Leaf], rules: dict) -> str:
+    """How the ranks' copies of one leaf combine: replicated, concat:<dim> or sum."""
+    for o in rules.get("overrides", []) or []:
+        if re.search(o["module"], rec.path) and re.search(o.get("leaf", "."), leaf):
+            return o["rule"]
+    if all(_same(group[0], g) for g in group[1:]):
+        return "replicated"
+    shapes = [g.shape for g in group]
+    if all(s is not None for s in shapes) and len({len(s) for s in shapes}) == 1:
+        diff = {i for s in shapes for i, (x, y) in enumerate(zip(s, shapes[0])) if x != y}
+        if len(diff) == 1:
+            return f"concat:{diff.pop()}"
+    row = rec.role in rules.get("row_parallel_roles", _ROW_PARALLEL_DEFAULT)
+    if leaf.startswith("parameters."):
+        return "concat:1" if row and leaf.endswith("weight") else "concat:0"
+    if row and leaf.startswith("output"):
+        return "sum"
+    return "concat:-1"
+
+
+def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
+    first = group[0]
+    files = tuple((d.dump_dir, g.data_name, d.dump_data_dir) for d, g in zip(dumps, group)) \
+        if all(g.data_name for g in group) else None
+    if rule == "replicated":
+        return replace(first, merge=rule)
+    if rule == "sum":
+        # Partial sums: the statistics of a sum are not a function of the parts' statistics.
+        return replace(first, max=None, min=None, mean=None, norm=None, merge=rule, shards=files)
+    dim = int(rule.split(":")[1])
+    shape = list(first.shape) if first.shape is not None else None
+    if shape is not None:
+        dim = dim % len(shape) if shape else 0
+        shape[dim] = sum(g.shape[dim] for g in group)
+    st = combine([Stats(g.max, g.min, g.mean, g.norm, g.numel, g.dtype) for g in group])
+    return replace(first, shape=tuple(shape) if shape is not None else None, max=st.max, min=st.min,
+                   mean=st.mean, norm=st.norm, merge=f"concat:{dim}", shards=files)
+
+
+def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dump:
+    """Fold ranks 1.. into rank 0's dump; rank 0's records name the modules."""
+    base = dumps[0]
+    if len(dumps) == 1:
+        return base
+    peers = [{e.key: e for e in d.entries} for d in dumps[1:]]
+    counts: dict[str, int] = {}
+    missing = 0
+    for e, rec in zip(base.entries, recs):
+        if e.direction != FORWARD or e.kind != "module":
+            continue
+        others = [p.get(e.key) for p in peers]
+        if any(o is None for o in others):
+            missing += 1
+            continue
+        by_name = [{lf.name: lf for lf in o.leaves} for o in others]
+        for i, lf in enumerate(e.leaves):
+            group = [lf] + [b.get(lf.name) for b in by_name]
+            if not lf.is_tensor or any(g is None for g in group):
+                continue
+            rule = merge_rule(rec, lf.name, group, rules)
+            e.leaves[i] = _merged_leaf(group, rule, dumps)
+            kind = rule.split(":")[0]
+            counts[kind] = counts.get(kind, 0) + 1
+    base.notes.append(f"merged {len(dumps)} tensor-parallel ranks: "
+                      + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                      + (f"; {missing} entries missing on some rank kept from rank 0" if missing else ""))
+    if any(d.salvage for d in dumps[1:]):
+        base.salvage = base.salvage or next(d.salvage for d in dumps[1:] if d.salvage)
+    return base
