@@ -6,7 +6,7 @@ import pytest
 
 from dumpcompare.cli import main as compare_main
 from rootcause.cli import main as rootcause_main
-from synth import Config, faults as F, init_weights, run_side, write_dump
+from synth import Config, init_weights, run_side, write_dump
 from synth.tp import shard_entries
 
 CFG = Config(layers=3, hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, vocab=64)
