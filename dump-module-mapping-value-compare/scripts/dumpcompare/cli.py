@@ -10,6 +10,7 @@ from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
 from .loaders import load_ranks
+from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
 from .outputs import write_atomic, write_csv, write_json
@@ -50,8 +51,12 @@ def run(args: argparse.Namespace) -> dict:
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
     dumps, fams, recs = {}, {}, {}
+    steps, step_notes = pair_steps(args.train, args.rollout,
+                                   {s: getattr(args, f"{s}_step") for s in ("train", "rollout")},
+                                   {s: getattr(args, f"{s}_rank") for s in ("train", "rollout")})
     for s in ("train", "rollout"):
-        ranks = load_ranks(getattr(args, s), s, getattr(args, f"{s}_step"), getattr(args, f"{s}_rank"))
+        ranks = load_ranks(getattr(args, s), s, steps[s], getattr(args, f"{s}_rank"))
+        ranks[0].notes += [n for n in step_notes if n.startswith(s)]
         fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))
         dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
     plan = build_plan(recs["train"], recs["rollout"], namer)

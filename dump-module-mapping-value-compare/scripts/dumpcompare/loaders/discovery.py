@@ -27,7 +27,8 @@ def _label(part: str, rx: re.Pattern) -> str | None:
     return next((g for g in m.groups() if g), "") if m.groups() else ""
 
 
-def _candidates(root: Path) -> list[Candidate]:
+def candidates(root: Path) -> list[Candidate]:
+    """Every dump.json below ``root`` (a few levels deep) with the step and rank its folders name."""
     found = []
     for depth in range(_MAX_DEPTH + 1):
         pattern = "/".join(["*"] * depth + ["dump.json"]) if depth else "dump.json"
@@ -56,7 +57,7 @@ def resolve_dump_files(arg: str, side: str, step: str | None = None, rank: str |
     p = Path(arg)
     if not p.is_dir():
         raise InputError(f"{arg}: --{side}-rank all needs a folder holding rank folders")
-    cands = _candidates(p)
+    cands = candidates(p)
     if step is not None:
         want = step.removeprefix("step").lstrip("_-")
         cands = [c for c in cands if c.step == want]
@@ -79,7 +80,7 @@ def resolve_dump_file(arg: str, side: str, step: str | None = None, rank: str | 
         raise InputError(f"{arg}: --{side} path does not exist")
     if p.is_file():
         return p
-    cands = _candidates(p)
+    cands = candidates(p)
     if not cands:
         raise InputError(f"{arg}: no dump.json found in this folder (looked {_MAX_DEPTH} levels deep)")
     if step is not None:
