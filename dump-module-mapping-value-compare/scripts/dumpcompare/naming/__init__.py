@@ -138,9 +138,24 @@ class Namer:
 
     def ports_for(self, rec: ModuleRecord, entry: Entry, last_layer: int | None,
                   layer_roles: dict) -> list[Port]:
-        """Assign points to the leaves of one forward entry."""
-        if rec.role is None or rec.is_wrapper:
+        """Assign points to the leaves of one forward entry.
+
+        Points of a later call (``forward.1``, a decode step or a recompute) carry ``@<call>`` so
+        that calls meet their own counterparts, or are stitched onto the first call.
+        """
+        ports = self._ports(rec, entry, last_layer, layer_roles)
+        if rec.call:
+            for p in ports:
+                p.point = "+".join(f"{part}@{rec.call}" for part in p.point.split("+"))
+        return ports
+
+    def _ports(self, rec: ModuleRecord, entry: Entry, last_layer: int | None, layer_roles: dict) -> list[Port]:
+        if rec.is_wrapper:
             return []
+        if rec.role is None:
+            # No rule explains the module: its leaves meet the same leaves of the same path.
+            return [Port(lf.name, f"{rec.canonical}:{lf.name}", _leaf_io(lf.name))
+                    for lf in entry.leaves if lf.is_tensor]
         alts = None
         for table in self.family_ports(rec.family):
             for alt in table.get(rec.role, []) or []:
@@ -212,13 +227,17 @@ class Namer:
         return rule["then"] if have is not None and re.search(cls, have) else rule["else"]
 
 
+def _leaf_io(leaf: str) -> str:
+    if leaf.startswith("parameters."):
+        return "param"
+    return "out" if leaf.startswith("output") else "in"
+
+
 def _split_io(tmpl: str, leaf: str) -> tuple[str, str]:
     for pre in ("in:", "out:"):
         if tmpl.startswith(pre):
             return pre[:-1], tmpl[len(pre):]
-    if leaf.startswith("parameters."):
-        return "param", tmpl
-    return ("out" if leaf.startswith("output") else "in"), tmpl
+    return _leaf_io(leaf), tmpl
 
 
 def _is_int_dtype(dtype: str | None) -> bool:
