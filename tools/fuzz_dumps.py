@@ -70,19 +70,40 @@ MARKER = "PWNED"            # hostile pickles try to create files named PWNED*
 STAT_FIELDS = ("Max", "Min", "Mean", "Norm")
 LEAF_FIELDS = STAT_FIELDS + ("dtype", "shape", "type", "requires_grad", "data_name", "md5")
 
-# Mutation variants that hit a known crash, by tag: --skip-known leaves them out so that a run
-# can guard against new crashes while these are open. Keep in sync with the strict xfail tests
-# in tests/fuzz/test_fuzz_known_crashes.py.
+# Known, reported crashes: tag -> (text that identifies the failure in a violation, what happens).
+# With --skip-known the fuzzer leaves out the mutation variants that hit them where it can, and
+# counts a violation whose text holds a signature as known instead of as a violation, so that a
+# run guards against new crashes while these are open. Keep in sync with the strict xfail tests in
+# tests/fuzz/test_fuzz_known_crashes.py.
 KNOWN_CRASHES = {
-    "huge_int": "a statistic or value that is an integer beyond float range (e.g. 1e400 written as "
-                "digits) makes loaders/msprobe._num call float() -> OverflowError, exit 1",
-    "deep_nesting": "JSON nested deeper than the interpreter's recursion limit (about 1000 levels) in "
-                    "dump.json or construct.json raises RecursionError, which loaders/jsonstream.py and "
-                    "loaders/__init__._read_construct do not catch, exit 1",
-    "generic_container": "generic format: 'kwargs' or 'parameters' of a module that is not an "
-                         "object (list, string, number) -> AttributeError in "
-                         "loaders/generic.entries_from_generic, exit 1",
+    "huge_int": ("OverflowError: int too large to convert to float",
+                 "a statistic written as an integer beyond float range (e.g. 1 followed by 400 zeros) "
+                 "makes loaders/msprobe._num call float(); a shape whose element count is beyond float "
+                 "range on both sides (e.g. [1e200, 1e200] as integers) makes compare/stats.stat_errors "
+                 "call math.sqrt on it -> OverflowError, run_compare.py exit 1"),
+    "deep_nesting": ("RecursionError: maximum recursion depth exceeded",
+                     "JSON nested deeper than the recursion limit (about 1000 levels) in dump.json or "
+                     "construct.json raises RecursionError, which loaders/jsonstream.iter_entries and "
+                     "loaders._read_construct do not catch, run_compare.py exit 1"),
+    "generic_container": ("has no attribute 'items'",
+                          "generic format: 'kwargs' or 'parameters' of a module that is a list, string "
+                          "or number -> AttributeError in loaders/generic.entries_from_generic, "
+                          "run_compare.py exit 1"),
+    "surrogates": ("surrogates not allowed",
+                   "a key or string with invalid UTF-8 bytes (read with surrogateescape) or an escaped "
+                   "lone surrogate (\\ud800) reaches the output writer -> UnicodeEncodeError, "
+                   "run_compare.py exit 1"),
+    "nonfinite_margin": ("TypeError: '<' not supported between instances of 'str' and 'int'",
+                         "NaN/Inf on one side at a module output: output_4 stores the margin as the "
+                         "string 'Infinity' and rootcause/triage.confidence compares it with 2 -> "
+                         "TypeError, run_root_cause_analysis.py exit 1"),
 }
+
+
+def known_crash(violation: str) -> str | None:
+    """The tag of the known crash a violation text shows, or None."""
+    return next((tag for tag, (sig, _) in KNOWN_CRASHES.items() if sig in violation), None)
+
 
 
 # ==============================================================================================
@@ -546,8 +567,8 @@ def _retype_value(rng: random.Random, old):
 UNICODE = ["é", "名字", "🙂", "\u202e", "\u0000", "\ud800", "Ω\u0301", "\ufeff", "М", "\x7f", "\u2028"]
 
 
-def _unicode_variant(rng: random.Random, text: str) -> str:
-    u = rng.choice(UNICODE)
+def _unicode_variant(rng: random.Random, text: str, skip_known: bool = False) -> str:
+    u = rng.choice([c for c in UNICODE if not (skip_known and "\ud800" <= c <= "\udfff")])
     how = rng.choice(["prefix", "suffix", "middle", "replace_char", "whole"])
     if how == "prefix":
         return u + text
@@ -695,7 +716,8 @@ def bad_shape(case, side):
     leaf, key, name = picked
     shape = rng.choice([[-1, 4], [-0], [2 ** 63], [2 ** 64 + 1], [10 ** 12, 10 ** 12], [], [0], [0, 7],
                         [1.5], [True], [None], "3,4", None, [[1]], [3] * 64, Obj([["0", 1]]),
-                        [float("nan")], [Raw("1e400")]])
+                        [float("nan")], [Raw("1e400")]]
+                       + ([] if case.skip_known else [[10 ** 200, 10 ** 200]]))
     leaf.set("shape", shape)
     return f"shape {json.dumps(shape, default=str)[:30]} at {key}:{name}"
 
@@ -709,14 +731,14 @@ def unicode_key(case, side):
         if case.fmt(side) == "generic":
             ent = cont[i]
             if isinstance(ent, Obj) and isinstance(ent.get("name"), str):
-                ent.set("name", _unicode_variant(rng, ent.get("name")))
+                ent.set("name", _unicode_variant(rng, ent.get("name"), case.skip_known))
                 case.exact_check = False
                 return "unicode module name"
         else:
             old = cont[i][0]
             parts = old.split(".")
             j = rng.randrange(len(parts))
-            parts[j] = _unicode_variant(rng, parts[j])
+            parts[j] = _unicode_variant(rng, parts[j], case.skip_known)
             cont[i][0] = ".".join(parts)
             case.exact_check = False
             return f"unicode in entry key part {j}"
@@ -724,9 +746,9 @@ def unicode_key(case, side):
         leaf, key, name = picked
         pair = rng.choice(leaf)
         if where == "leaf_field":
-            pair[0] = _unicode_variant(rng, pair[0])
+            pair[0] = _unicode_variant(rng, pair[0], case.skip_known)
             return f"unicode leaf field name at {key}:{name}"
-        pair[1] = _unicode_variant(rng, str(pair[1]))
+        pair[1] = _unicode_variant(rng, str(pair[1]), case.skip_known)
         case.exact_check = False
         return f"unicode leaf value {pair[0]} at {key}:{name}"
     if where == "kwarg":
@@ -735,12 +757,13 @@ def unicode_key(case, side):
             kw = ent.get("input_kwargs") if isinstance(ent, Obj) else None
             if isinstance(kw, Obj) and kw:
                 pair = rng.choice(kw)
-                pair[0] = _unicode_variant(rng, pair[0])
+                pair[0] = _unicode_variant(rng, pair[0], case.skip_known)
                 case.exact_check = False
                 return "unicode kwarg name"
     doc = case.doc(side)
     if isinstance(doc, Obj):
-        doc.append([_unicode_variant(rng, "task"), _unicode_variant(rng, "value")])
+        doc.append([_unicode_variant(rng, "task", case.skip_known),
+                    _unicode_variant(rng, "value", case.skip_known)])
     return "unicode top-level member"
 
 
@@ -916,9 +939,13 @@ def dump_data_dir(case, side):
         link = case.side_dir(side) / "escape"
         if not os.path.lexists(link):
             os.symlink(outside, link)
-        # Every leaf now resolves first through the symlinked folder: none may be read.
-        for _, key, name in _leaves(case, side):
-            case.must_not_read.append((side, key, name))
+        # Every leaf now resolves first through the symlinked folder, where a same-named decoy
+        # waits: none may be read.
+        for lf, key, name in _leaves(case, side):
+            dn = lf.get("data_name")
+            if isinstance(dn, str) and dn and "/" not in dn and "\x00" not in dn:
+                _decoy_copy(case, dn)
+                case.must_not_read.append((side, key, name))
     return f"dump_data_dir {choice}"
 
 
@@ -1074,10 +1101,18 @@ def tensor_file(case, side):
         shutil.rmtree(folder)
         os.symlink(case.dir / "outside", folder)
         for f in files:
+            _decoy_copy(case, f.name)
             _forbid(case, side, f.name)
     elif how == "all_deleted":
         shutil.rmtree(folder)
     return desc
+
+
+def _decoy_copy(case: Case, file_name: str) -> None:
+    """Put a NaN-filled tensor named ``file_name`` in the case's outside/ folder."""
+    target = case.dir / "outside" / file_name
+    if not os.path.lexists(target):
+        shutil.copy(case.dir / "outside" / "decoy.pt", target)
 
 
 def _forbid(case: Case, side: str, file_name: str) -> None:
@@ -1198,6 +1233,7 @@ class Outcome:
     runs: list[Run]
     violations: list[str]
     tracebacks: int
+    known: list[str] = field(default_factory=list)     # violations of known crashes (--skip-known)
 
 
 def run_tool(script: Path, argv: list[str], cwd: Path, env: dict, timeout: float) -> Run:
@@ -1472,6 +1508,9 @@ def run_cases(indices, seed: int, work: Path, jobs: int, rootcause_every: int, t
             return Outcome(i, "?", [f"fuzzer error: {type(exc).__name__}: {exc}"], [],
                            [f"fuzzer failed to prepare the case: {type(exc).__name__}: {exc}"], 0)
         outcome = execute_case(case, rootcause_every > 0 and i % rootcause_every == 0, timeout)
+        if skip_known:
+            outcome.known = [v for v in outcome.violations if known_crash(v)]
+            outcome.violations = [v for v in outcome.violations if not known_crash(v)]
         if outcome.violations:
             write_repro(case, outcome)
         if not keep and not outcome.violations:
@@ -1540,7 +1579,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a run counts as a hang")
     ap.add_argument("--skip-known", action="store_true",
                     help="leave out mutation variants of known, reported crashes: "
-                         + "; ".join(f"{k} ({v})" for k, v in KNOWN_CRASHES.items()))
+                         + "; ".join(f"{k}: {d}" for k, (_, d) in KNOWN_CRASHES.items()))
     ap.add_argument("--list-mutations", action="store_true", help="print the mutation kinds and exit")
     ap.add_argument("--verbose", action="store_true", help="print every case, not only violations")
     args = ap.parse_args(argv)
@@ -1580,6 +1619,13 @@ def main(argv: list[str] | None = None) -> int:
         if temp and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     n_viol = sum(len(o.violations) for o in outcomes)
+    known = {}
+    for o in outcomes:
+        for v in o.known:
+            known[known_crash(v)] = known.get(known_crash(v), 0) + 1
+    if known:
+        print("known crashes not counted (--skip-known): "
+              + ", ".join(f"{k} x{c}" for k, c in sorted(known.items())))
     n_tb = sum(o.tracebacks for o in outcomes)
     bad = [o for o in outcomes if o.violations]
     if bad:
