@@ -94,7 +94,8 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     comps = [{"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
               "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
               "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf} for x in c.rollout],
-              "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair}
+              "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair,
+              "stitched": c.stitched}
              for c in plan.comparisons]
     doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided, "comparisons": comps,
            "unmatched_points": plan.unmatched_points}

@@ -41,6 +41,7 @@ class PointPlan:
     train_layout: str | None = None
     rollout_layout: str | None = None
     pair: str | None = None    # set when the comparison reads one pair's own leaves
+    stitched: str | None = None  # side whose calls 0..n are concatenated along the tokens
 
 
 @dataclass
@@ -156,6 +157,7 @@ def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list
     """
     canon = {c.point: ([(x.rec, x.leaf) for x in c.train], [(x.rec, x.leaf) for x in c.rollout])
              for c in planned if c.pair is None}
+    stitched = {c.point for c in planned if c.stitched}
     extra = []
     for pair in pairs:
         if len(pair.train) != 1 or len(pair.rollout) != 1:
@@ -164,6 +166,8 @@ def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list
         tports = {p.point: p for p in tr.ports}
         rports = {p.point: p for p in ro.ports}
         for point in tports.keys() & rports.keys():
+            if point in stitched:
+                continue
             t, r = tports[point], rports[point]
             mine = ([(tr.index, t.leaf)], [(ro.index, r.leaf)])
             if canon.get(point) == mine:
@@ -223,6 +227,8 @@ def _one_sided(sides, fwd, paired, pairs, fam, namer: Namer) -> list[OneSided]:
         for i in p.rollout:
             pair_of["rollout"][i] = p.pid
     rules = namer.p.get("expected_one_sided", []) or []
+    first_calls = {s: {(r.canonical, 0) for r in recs if r.index in paired[s] and r.call == 0}
+                   for s, recs in fwd.items()}
     for s, recs in fwd.items():
         other = "rollout" if s == "train" else "train"
         ordered = [r.index for r in recs]
@@ -230,6 +236,9 @@ def _one_sided(sides, fwd, paired, pairs, fam, namer: Namer) -> list[OneSided]:
             if r.index in paired[s]:
                 continue
             rule = next((x for x in rules if _matches(x, r, fam[other])), None)
+            if rule is None and r.call > 0 and (r.canonical, 0) in first_calls[s]:
+                rule = {"reason": f"call {r.call} of a module the {other} side runs once (a decode step or a "
+                                  "recompute): its activations are stitched onto call 0 along the tokens"}
             before = next((pair_of[s][i] for i in reversed(ordered[:pos]) if i in pair_of[s]), None)
             after = next((pair_of[s][i] for i in ordered[pos + 1:] if i in pair_of[s]), None)
             if rule:
@@ -266,15 +275,37 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
     plans: list[PointPlan] = []
     used = {"train": set(), "rollout": set()}
 
-    def add(point, kind, tr, ro):
+    def add(point, kind, tr, ro, stitched=None):
         axis = "rows" if point.split("+")[0].rsplit(".", 1)[-1] in _PARAM_NAMES or _is_param(point, tr, ro) else "features"
         plans.append(PointPlan("", point, kind, axis, tr, ro,
-                               layout_of["train"].get(point), layout_of["rollout"].get(point)))
+                               layout_of["train"].get(point), layout_of["rollout"].get(point), stitched=stitched))
 
+    stitch = _stitch_groups(carriers)
+    stitched_calls = {c for _, calls in stitch.values() for c in calls[1:]}
     for point in sorted(set(carriers["train"]) | set(carriers["rollout"]),
                         key=lambda p: (_first_rec(p, carriers), p)):
+        if point in stitched_calls:
+            continue
         t = carriers["train"].get(point)
         r = carriers["rollout"].get(point)
+        if point in stitch:
+            side, calls = stitch[point]
+            other = "rollout" if side == "train" else "train"
+            many = [carriers[side][c] for c in calls]
+            if point in carriers[other]:
+                one = [carriers[other][point]]
+                kind = "direct"
+            elif "+" in point and all(p in carriers[other] for p in point.split("+")):
+                one = [carriers[other][p] for p in point.split("+")]
+                kind = "composite"
+                used[other].update(point.split("+"))
+            else:
+                continue
+            tr, ro = (many, one) if side == "train" else (one, many)
+            add(point, kind, tr, ro, stitched=side)
+            used[side].update(calls)
+            used[other].add(point)
+            continue
         if t is not None and r is not None:
             add(point, "direct", [t], [r])
             used["train"].add(point)
@@ -296,6 +327,29 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
 
 
 _PARAM_NAMES = {"weight", "bias", "layer_norm_weight", "layer_norm_bias"}
+
+
+def _at_call(point: str, n: int) -> str:
+    return "+".join(f"{p}@{n}" for p in point.split("+"))
+
+
+def _stitch_groups(carriers) -> dict[str, tuple[str, list[str]]]:
+    """Activation points one side splits over calls 0..n (prefill then decode steps) while the other
+    side computes them in one call: point -> (split side, [point, point@1, ...])."""
+    groups = {}
+    for side, other in (("rollout", "train"), ("train", "rollout")):
+        for point, c in carriers[side].items():
+            if "@" in point or c.io == "param" or _at_call(point, 1) not in carriers[side]:
+                continue
+            if _at_call(point, 1) in carriers[other] or any(_at_call(p, 1) in carriers[other]
+                                                            for p in point.split("+")):
+                continue
+            calls, n = [point], 1
+            while _at_call(point, n) in carriers[side]:
+                calls.append(_at_call(point, n))
+                n += 1
+            groups.setdefault(point, (side, calls))
+    return groups
 
 
 def _is_param(point, tr, ro) -> bool:

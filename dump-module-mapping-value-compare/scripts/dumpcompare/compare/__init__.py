@@ -121,8 +121,12 @@ class Executor:
         """Execute one planned comparison."""
         tl = [_leaf(self.t, c) for c in plan.train]
         rl = [_leaf(self.r, c) for c in plan.rollout]
+        notes = []
+        if plan.stitched and None not in tl + rl:
+            tl, rl, notes = _fit_calls(plan, tl, rl)
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
                      _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl), pair=plan.pair)
+        res.notes += notes
         if any(lf is None for lf in tl + rl):
             res.reason = "a planned leaf is missing from the dump"
             return res
@@ -244,6 +248,11 @@ class Executor:
         if plan.axis == "features":
             tarrs = [T.as_tokens(a, self.t.family) for a in tarrs]
             rarrs = [T.as_tokens(a, self.r.family) for a in rarrs]
+            # Calls 0..n of one side (prefill, then decode steps) make one token sequence.
+            if plan.stitched == "train" and len(tarrs) > 1:
+                tarrs = [np.concatenate(tarrs, axis=0)]
+            elif plan.stitched == "rollout" and len(rarrs) > 1:
+                rarrs = [np.concatenate(rarrs, axis=0)]
         if plan.kind == "composite":
             # A fused output merged from R ranks is [part0_r0, part1_r0, ..., part0_r1, ...]:
             # lay the other side's parts out the same way.
@@ -267,6 +276,22 @@ class Executor:
         fam_t = "vllm" if plan.axis == "features" else self.t.family
         fam_r = "vllm" if plan.axis == "features" else self.r.family
         return T.align(t, r, fam_t, fam_r, plan.axis)
+
+
+def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):
+    """Keep only the first call when the other side saw only those tokens (the prompt)."""
+    many, one = (tl, rl) if plan.stitched == "train" else (rl, tl)
+    total = sum(lf.numel or 0 for lf in many)
+    other = sum(lf.numel or 0 for lf in one)
+    if total == other or len(many) < 2:
+        return tl, rl, [f"{plan.stitched} calls 0..{len(many) - 1} stitched along the tokens"]
+    if many[0].numel == other:
+        many = many[:1]
+        note = "the other side saw only the first call's tokens (the prompt): compared with that call"
+    else:
+        note = (f"token counts cannot be reconciled: {plan.stitched} calls hold "
+                f"{[lf.numel for lf in many]} elements, the other side {other}")
+    return (many, rl, [note]) if plan.stitched == "train" else (tl, many, [note])
 
 
 def _unshard(parts: list[np.ndarray], merge: str | None) -> np.ndarray:

@@ -9,15 +9,17 @@ SEQ_BATCH = {"megatron"}              # [seq, batch, ...]
 
 
 def as_tokens(arr: np.ndarray, family: str) -> np.ndarray:
-    """Reshape an activation to [tokens, features] in (batch, seq) order for its engine."""
+    """Reshape an activation to [tokens, features] in (batch, seq) order for its engine.
+
+    vLLM/SGLang put tokens first ([T, ...], ids [T]); HF has [batch, seq, ...] and Megatron
+    [seq, batch, ...] (ids [batch, seq] / [seq, batch]); a 1-D tensor is one value per token.
+    """
     a = np.asarray(arr, dtype=np.float64)
     if a.ndim == 0:
         return a.reshape(1, 1)
-    if a.ndim == 1:
-        return a.reshape(1, -1)
-    if family in SEQ_BATCH and a.ndim >= 3:
+    if family in SEQ_BATCH and a.ndim >= 2:
         a = np.swapaxes(a, 0, 1)
-    if (family in SEQ_BATCH or family in BATCH_SEQ) and a.ndim >= 3:
+    if (family in SEQ_BATCH or family in BATCH_SEQ) and a.ndim >= 2:
         return a.reshape(a.shape[0] * a.shape[1], -1)
     return a.reshape(a.shape[0], -1)
 

@@ -1,0 +1,54 @@
+"""A rollout dumped as a prefill call plus decode calls is stitched along the tokens."""
+import json
+
+import pytest
+
+from rootcause.cli import main as rootcause_main
+from synth import Config, faults as F, init_weights, run_side, write_dump
+from synth.decode import split_prefill_decode
+
+CFG = Config(layers=3, hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, vocab=64, seq_len=8)
+PREFILL = 5
+
+
+def _run(tmp_path, task, rollout_faults=(), train_cfg=CFG):
+    w = init_weights(CFG)
+    write_dump(tmp_path / "train", run_side(train_cfg, "hf", (), grad=True, weights=init_weights(train_cfg)),
+               task=task)
+    full = run_side(CFG, "vllm", rollout_faults, weights=w)
+    write_dump(tmp_path / "rollout", split_prefill_decode(full, CFG.seq_len, PREFILL), task=task)
+    out = tmp_path / "out"
+    assert rootcause_main(["--train", str(tmp_path / "train"), "--rollout", str(tmp_path / "rollout"),
+                           "--out-dir", str(out), "--quiet"]) == 0
+    return {n: json.loads((out / f"output_{n}.json").read_text())
+            for n in ("2_mapping", "3_value_compare", "5_root_cause_report")}
+
+
+def _result(docs, point):
+    return next(r for r in docs["3_value_compare"]["results"] if r["point"] == point and r["pair"] is None)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_prefill_and_decode_calls_match_one_full_forward(tmp_path, task):
+    docs = _run(tmp_path, task)
+    assert docs["5_root_cause_report"]["verdict"] == "no_credible_divergence"
+    r = _result(docs, "L1.q+L1.k+L1.v")
+    assert r["status"] == "match" and len(r["rollout"]["keys"]) == 1 + CFG.seq_len - PREFILL
+    assert any("stitched along the tokens" in n for n in r["notes"])
+    later = [o for o in docs["2_mapping"]["one_sided"] if o["side"] == "rollout" and ".forward.1" in o["key"]]
+    assert later and all(o["expected"] for o in later)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_fault_is_found_through_stitched_calls(tmp_path, task):
+    docs = _run(tmp_path, task, rollout_faults=(F.CorruptWeight("rollout", "down", 1),))
+    rc = docs["5_root_cause_report"]["root_causes"][0]
+    assert (rc["category"], rc["rollout_module"], rc["layer"]) == (
+        "parameter_or_checkpoint_issue", "model.layers.1.mlp.down_proj", 1)
+
+
+def test_train_on_the_prompt_only_is_compared_with_the_prefill(tmp_path):
+    from dataclasses import replace
+    docs = _run(tmp_path, "statistics", train_cfg=replace(CFG, seq_len=PREFILL))
+    r = _result(docs, "L1.attn_norm_out")
+    assert r["status"] == "match" and any("first call" in n for n in r["notes"])
