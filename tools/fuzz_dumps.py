@@ -1357,7 +1357,9 @@ def choose_mutations(case: Case) -> list[tuple[str, str]]:
 
 
 def prepare_case(index: int, seed: int, bases: dict[str, Base], base_dir: Path, work: Path,
-                 skip_known: bool, base_name: str | None = None) -> Case:
+                 skip_known: bool, base_name: str | None = None,
+                 plan: list[tuple[str, str]] | None = None) -> Case:
+    """Copy a base into ``work/caseNNNNN`` and apply the case's mutations (``plan`` forces them)."""
     rng = random.Random(f"{seed}:{index}")
     names = sorted(bases)
     base = bases[base_name or rng.choice(names)]
@@ -1371,7 +1373,7 @@ def prepare_case(index: int, seed: int, bases: dict[str, Base], base_dir: Path, 
     from dumpcompare.tensorio import save_pt
     save_pt(cdir / "outside" / "decoy.pt", np.full((1, 4, 16), np.nan, dtype=np.float32))
     case = Case(index, base, cdir, rng, skip_known)
-    plan = choose_mutations(case)
+    plan = plan if plan is not None else choose_mutations(case)
     for phase in ("doc", "text", "fs"):
         for mname, side in plan:
             ph, _, fn = MUTATIONS[mname]
