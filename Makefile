@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean fuzz
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest
+
+fuzz: $(STAMP)
+	PYTHONDONTWRITEBYTECODE=1 $(PY) tools/fuzz_dumps.py --cases 2000 $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
