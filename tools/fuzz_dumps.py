@@ -1268,6 +1268,8 @@ def check_run(run: Run, case: Case, out_dir: Path, expected: tuple, before: dict
             v.append(f"{name}: exit 2 with {len(lines)} stderr lines: {run.stderr[:300]!r}")
         if "internal error" in run.stderr:
             v.append(f"{name}: exit 2 hides an internal error: {_last_line(run.stderr)}")
+        elif lines and not _names_a_file(lines[0], run.argv):
+            v.append(f"{name}: exit 2 message names no file: {lines[0][:200]!r}")
     for d in diff_snapshots(before, after):
         v.append(f"{name}: wrote outside --out-dir: {d}")
     present = {p.name: p for p in out_dir.iterdir()} if out_dir.is_dir() else {}
@@ -1290,6 +1292,13 @@ def check_run(run: Run, case: Case, out_dir: Path, expected: tuple, before: dict
         v.append(f"{name}: exit {run.returncode} but run_compare.py exited {compare_rc}: "
                  f"{_last_line(run.stderr)}")
     return v
+
+
+def _names_a_file(line: str, argv: list[str]) -> bool:
+    """True when an error line names an input: an argument path, or a dump/tensor file name."""
+    if any(a in line for a in argv if not a.startswith("--") and ("/" in a or "." in a)):
+        return True
+    return any(w in line for w in ("dump.json", "construct.json", ".pt", ".npy", ".json", ".yaml"))
 
 
 def _strict_json(path: Path):

@@ -133,6 +133,7 @@ def _run(rc, err="", out=""):
     (2, "error: one\nerror: two\n", "2 stderr lines"),
     (2, "\n", "1 stderr lines"),
     (-9, "", "exit -9"),
+    (2, "error: something is wrong\n", "names no file"),
 ])
 def test_check_run_flags_each_kind_of_violation(tmp_path, rc, err, words):
     out = tmp_path / "out"
