@@ -123,6 +123,9 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = build_parser().parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         run(args)
     except InputError as exc:

@@ -53,6 +53,9 @@ def _compare_argv(args) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     out = Path(args.out_dir)
     try:
         if not args.reuse_outputs:

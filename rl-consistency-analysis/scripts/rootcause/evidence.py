@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,9 +13,25 @@ class EvidenceError(Exception):
     """An output file is missing, unreadable or of an unsupported schema version."""
 
 
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# Numeric fields the sibling writes as strings when they are not finite (output_schemas.md).
+_NUMERIC_KEYS = {"error", "margin", "amplification", "input_error", "parameter_error", "output_error",
+                 "tolerance", "strict_tolerance"}
+
+
+def _numbers(obj):
+    """Turn the sibling's 'NaN'/'Infinity' strings back into floats in its numeric fields."""
+    if isinstance(obj, dict):
+        return {k: (_NONFINITE.get(v, v) if k in _NUMERIC_KEYS and isinstance(v, str) else _numbers(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_numbers(v) for v in obj]
+    return obj
+
+
 def _read(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _numbers(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise EvidenceError(f"{path}: missing (the compare step did not write it)") from None
     except (OSError, ValueError) as exc:

@@ -55,7 +55,7 @@ def write(out_dir: Path, doc: dict) -> Path:
     path = out_dir / REPORT
     fd, tmp = tempfile.mkstemp(prefix=f".{REPORT}.", suffix=".tmp", dir=out_dir)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             json.dump(_clean(doc), fh, indent=1, ensure_ascii=False, allow_nan=False)
             fh.write("\n")
         os.replace(tmp, path)

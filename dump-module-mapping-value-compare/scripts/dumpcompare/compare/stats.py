@@ -80,7 +80,7 @@ def stat_errors(t: Stats, r: Stats) -> dict:
     if out.get("mean_diff") is not None:
         rms = None
         if _finite(t.norm) and _finite(r.norm) and (t.numel or r.numel):
-            rms = max(abs(t.norm), abs(r.norm)) / math.sqrt(max(t.numel or 1, r.numel or 1))
+            rms = max(abs(t.norm), abs(r.norm)) / math.sqrt(float(min(max(t.numel or 1, r.numel or 1), 1e300)))
         scale = rms if rms else amax
         scaled.append(abs(out["mean_diff"]) / scale if scale else (0.0 if out["mean_diff"] == 0 else math.inf))
     for attr in ("max", "min"):

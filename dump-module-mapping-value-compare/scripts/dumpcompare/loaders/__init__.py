@@ -75,8 +75,8 @@ def _looks_generic(path: Path) -> bool:
 def _load_generic(path: Path) -> Dump:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: unreadable generic dump ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: unreadable generic dump ({' '.join(str(exc).split()) or 'nested too deeply'})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_ID:
         raise InputError(f"{path}: generic dump must be an object with format {FORMAT_ID!r}")
     return Dump(path=path, dump_dir=path.parent, fmt="generic", task=_str(doc.get("task")),
@@ -89,7 +89,7 @@ def _read_construct(path: Path, dump: Dump):
         return None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         dump.notes.append(f"{path.name} is unreadable; module tree taken from paths instead")
         return None
     return doc if isinstance(doc, dict) and doc else None

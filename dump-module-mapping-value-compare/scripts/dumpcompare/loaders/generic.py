@@ -45,6 +45,9 @@ def entries_from_generic(doc: dict, path) -> list[Entry]:
     for i, m in enumerate(mods):
         if not isinstance(m, dict) or not isinstance(m.get("name"), str):
             raise InputError(f"{path}: modules[{i}] needs a string 'name'")
+        for member, kind in (("inputs", list), ("outputs", list), ("kwargs", dict), ("parameters", dict)):
+            if m.get(member) is not None and not isinstance(m[member], kind):
+                raise InputError(f"{path}: modules[{i}].{member} must be a {'list' if kind is list else 'object'}")
         cls = m.get("class") if isinstance(m.get("class"), str) else "Module"
         call = m.get("call", 0)
         call = call if isinstance(call, int) and not isinstance(call, bool) and call >= 0 else 0

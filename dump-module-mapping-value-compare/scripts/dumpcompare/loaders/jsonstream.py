@@ -166,7 +166,7 @@ def iter_entries(path: Path, state: StreamState) -> Iterator[tuple[str, Any]]:
                     count += 1
         except InputError:
             raise
-        except (_Incomplete, ValueError, UnicodeDecodeError) as exc:
+        except (_Incomplete, ValueError, UnicodeDecodeError, RecursionError) as exc:
             if not state.saw_data:
                 raise InputError(f"{path}: not a readable dump: {_describe(exc)} before the "
                                  f"'data' object (byte {buf.byte_offset()})") from None
@@ -182,4 +182,6 @@ def _describe(exc: Exception) -> str:
         return "file ends in the middle of a value (truncated)"
     if isinstance(exc, json.JSONDecodeError):
         return f"invalid JSON ({exc.msg})"
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply"
     return str(exc) or type(exc).__name__

@@ -35,7 +35,10 @@ def _num(v: Any) -> float | None:
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:          # an integer beyond float range
+            return math.inf if v > 0 else -math.inf
     if isinstance(v, str):
         # Some writers quote non-finite values; anything else is not a statistic.
         low = v.strip().lower()
