@@ -251,16 +251,15 @@ def _container_ids(pairs: list[Pair], train: list[ModuleRecord]) -> set[str]:
 
 def _containers(verdicts: list[ModuleVerdict], train: list[ModuleRecord]) -> None:
     """A container whose divergence a child already explains is propagation, not an origin."""
+    # Only rank-1/2 modules can explain a container; there are few, so scan them per container.
+    strong = sorted((k for k in verdicts if k.module_priority_rank <= 2), key=lambda k: (k.is_container, k.train_order))
     for v in verdicts:
-        if not v.is_container:
+        if not v.is_container or v.status not in ("origin", "parameter_mismatch", "propagated"):
             continue
         prefix = v.train_modules[0] + "." if v.train_modules[0] else ""
-        kids = [k for k in verdicts if k is not v and all(m.startswith(prefix) for m in k.train_modules)]
-        culprit = next((k for k in sorted(kids, key=lambda k: k.train_order)
-                        if k.module_priority_rank <= 2 and not k.is_container), None)
-        culprit = culprit or next((k for k in kids if k.module_priority_rank <= 2), None)
-        if v.status in ("origin", "parameter_mismatch", "propagated") and culprit is not None \
-                and v.output_status in DIVERGED + ("drift",):
+        culprit = next((k for k in strong if k is not v and k.module_priority_rank <= 2
+                        and all(m.startswith(prefix) for m in k.train_modules)), None)
+        if culprit is not None and v.output_status in DIVERGED + ("drift",):
             v.status, v.module_priority_rank = "propagated", 3
             v.explained_by = culprit.pid
             v.rank_reason = f"a module inside it ({', '.join(culprit.train_modules)}) already explains the divergence"

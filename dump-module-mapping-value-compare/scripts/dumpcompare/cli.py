@@ -113,10 +113,10 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
           f"(rollout): {fd['status']}, tensor {fd['point']}")
     else:
         p("first divergence: none (all compared outputs agree within tolerance)")
-    top = [m for m in doc4["modules"] if m["module_priority_rank"] <= 2]
+    top = [m for m in doc4["modules"] if m.module_priority_rank <= 2]
     for m in top[:5]:
-        p(f"  rank {m['module_priority_rank']}: {', '.join(m['train_modules'])} <-> "
-          f"{', '.join(m['rollout_modules'])}: {m['status']} ({m['rank_reason']})")
+        p(f"  rank {m.module_priority_rank}: {', '.join(m.train_modules)} <-> "
+          f"{', '.join(m.rollout_modules)}: {m.status} ({m.rank_reason})")
     p(f"outputs: {out}/output_1_key_mapping.json .. output_4_module_analysis.json")
 
 

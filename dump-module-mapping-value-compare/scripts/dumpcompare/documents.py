@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict
 
 from .analysis import ModuleVerdict
 from .compare import Result
@@ -112,7 +111,7 @@ def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, 
     """Value comparison: one record per executed comparison."""
     doc = {"mode": mode, "tolerances": tolerances,
            "summary": dict(Counter(r.status for r in results)),
-           "results": [asdict(r) for r in results]}
+           "results": results}
     header = ["cid", "point", "kind", "mode", "status", "error", "tolerance", "train_modules", "rollout_modules",
               "train_dtype", "rollout_dtype", "train_shape", "rollout_shape", "max_diff", "min_diff", "mean_diff",
               "norm_diff", "norm_rel", "cosine", "rel_l2", "max_abs", "frac_within_tol", "first_token_past_tol",
@@ -145,7 +144,7 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
     doc = {"partial": partial, "comparability": comparability, "first_divergence": first,
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
-           "modules": [asdict(v) for v in verdicts], "one_sided": one_sided}
+           "modules": verdicts, "one_sided": one_sided}
     return doc, _markdown_4(verdicts, first, partial, comparability)
 
 
