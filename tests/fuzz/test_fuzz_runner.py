@@ -1,7 +1,7 @@
 """Issue 5, mutation fuzzing: tools/fuzz_dumps.py over 150 cases finds no contract violation.
 
 The fuzzer runs with --skip-known, which leaves out the mutation variants of the crashes already
-reported (each has a strict xfail reproduction in test_fuzz_known_crashes.py) and does not count
+reported (each has a strict xfail reproduction in test_fuzz_crash_repros.py) and does not count
 their signatures, so this test guards against new crashes. ``make fuzz`` runs many more cases
 and counts everything. The other tests check that the fuzzer's own checks would catch a
 violation and that every mutation kind applies cleanly to every base.
