@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = "1.1"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def clean(obj: Any) -> Any:
@@ -48,6 +50,7 @@ def write_atomic(path: Path, text: str) -> None:
         # Names read from damaged files can hold lone surrogates; write them as escapes.
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -57,12 +60,24 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _fields(obj: Any) -> dict:
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is None:
+        raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    return {name: getattr(obj, name) for name in fields}
+
+
 def write_json(path: Path, doc: dict) -> None:
     """Write a JSON document with ``schema_version`` first."""
     body = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in doc.items() if k != "schema_version"}}
     # Compact: these files are read by programs (the CSV and markdown views are for people).
-    write_atomic(path, json.dumps(clean(body), ensure_ascii=False, allow_nan=False,
-                                  separators=(",", ":")) + "\n")
+    opts = {"ensure_ascii": False, "allow_nan": False, "separators": (",", ":")}
+    try:
+        # Fast path in the C encoder; it refuses NaN/Infinity, which only then need the slow pass.
+        text = json.dumps(body, default=_fields, **opts)
+    except ValueError:
+        text = json.dumps(clean(body), **opts)
+    write_atomic(path, text + "\n")
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
