@@ -76,15 +76,7 @@ LEAF_FIELDS = STAT_FIELDS + ("dtype", "shape", "type", "requires_grad", "data_na
 # run guards against new crashes while these are open. Keep in sync with the strict xfail tests in
 # tests/fuzz/test_fuzz_crash_repros.py; remove an entry when its crash is fixed (the strict xfail
 # turns into an XPASS failure then).
-KNOWN_CRASHES = {
-    "combine_overflow": ("OverflowError",
-                         "combining the statistics of a composite comparison (q+k+v, gate+up, shards) "
-                         "in compare/stats.combine overflows: a part's Norm near the float maximum "
-                         "(1.7976931348623157e308) makes p.norm ** 2 raise OverflowError (34, 'Numerical "
-                         "result out of range'), a part whose shape holds more elements than a float can "
-                         "count ([10**200, 10**200]) makes p.mean * p.numel raise 'int too large to "
-                         "convert to float'; run_compare.py exit 1"),
-}
+KNOWN_CRASHES: dict[str, tuple[str, str]] = {}   # none open: every crash found so far is fixed
 
 
 def known_crash(violation: str) -> str | None:
@@ -1282,7 +1274,8 @@ def check_run(run: Run, case: Case, out_dir: Path, expected: tuple, before: dict
 
 def _names_a_file(line: str, argv: list[str]) -> bool:
     """True when an error line names an input: an argument path, or a dump/tensor file name."""
-    if any(a in line for a in argv if not a.startswith("--") and ("/" in a or "." in a)):
+    paths = [a for a in argv if a and not a.startswith("--")]
+    if any(f"{a}:" in line or ("/" in a or "." in a) and a in line for a in paths):
         return True
     return any(w in line for w in ("dump.json", "construct.json", ".pt", ".npy", ".json", ".yaml"))
 
