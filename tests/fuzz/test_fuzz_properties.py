@@ -9,8 +9,8 @@
   DUMPCOMPARE_DEBUG=1 any other exception propagates and fails the property with its traceback.
 
 Values are kept below the float range's edge (|x| <= 1e150, integers below 2**63, besides +/-inf
-and NaN): a part's Norm near the float maximum or an element count beyond it is the open crash
-combine_overflow, with its own strict xfail tests in test_fuzz_crash_repros.py.
+and NaN); values at the edge (a Norm near the float maximum, an element count beyond it) have their
+own regression tests in test_fuzz_crash_repros.py.
 """
 from __future__ import annotations
 

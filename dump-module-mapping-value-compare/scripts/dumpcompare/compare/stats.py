@@ -37,9 +37,10 @@ def combine(parts: list[Stats]) -> Stats:
     numel = sum(p.numel for p in parts) if all_have("numel") else None
     mx = max(p.max for p in parts) if all_have("max") else None
     mn = min(p.min for p in parts) if all_have("min") else None
-    mean = (sum(p.mean * p.numel for p in parts) / numel
+    # Weights as ratios and hypot for the norm: no intermediate overflows for huge values or counts.
+    mean = (sum(p.mean * (p.numel / numel) for p in parts)
             if all_have("mean") and numel else None)
-    norm = math.sqrt(sum(p.norm ** 2 for p in parts)) if all_have("norm") else None
+    norm = math.hypot(*(p.norm for p in parts)) if all_have("norm") else None
     dtypes = {p.dtype for p in parts}
     return Stats(mx, mn, mean, norm, numel, dtypes.pop() if len(dtypes) == 1 else None,
                  all(p.is_int for p in parts))
