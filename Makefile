@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/demo
 
-.PHONY: setup demo test clean fuzz
+.PHONY: setup demo test clean bench fuzz
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) tools/bench.py
 
 fuzz: $(STAMP)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) tools/fuzz_dumps.py --cases 2000 $(FUZZ_ARGS)

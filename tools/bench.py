@@ -1,0 +1,722 @@
+"""Benchmark the compare and root-cause pipeline on large synthetic dumps (``make bench``).
+
+Statistics mode: ``tools/bigdump.py`` writes a train (HF names) / rollout (vLLM names) pair of
+msprobe ``dump.json`` files (~``--size-mb`` per side, bare NaN/Infinity tokens included), then
+every stage runs in its own subprocess, ``--repeat`` times:
+
+* ``json.load`` of each dump.json (the standard library; the baseline),
+* ``orjson.loads`` of each dump.json when orjson is importable (it rejects the NaN/Infinity
+  tokens, so it is expected to fail; the failure is reported),
+* ``run_compare.py`` end to end,
+* ``run_root_cause_analysis.py --reuse-outputs`` (triage only, on the compare outputs),
+* ``run_root_cause_analysis.py`` end to end (compare + root cause).
+
+Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
+of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
+
+Per stage the bench prints the median wall time, the peak memory (the larger of the exact peak
+RSS of any one process of the stage, from ``wait4``, and the sampled sum of the RSS of all its
+processes), and the ratios of issue 6: pipeline time / baseline time (both files) and peak
+memory / size of the larger dump file. A stage that passes ``--stage-timeout`` (default:
+``--timeout-factor`` x its baseline) or ``--mem-limit-mb`` is stopped and reported as such.
+Progress goes to stderr, the table and the ``ratio`` lines to stdout. Generated files are
+removed at the end unless ``--keep``; a pair kept in ``--workdir`` by an earlier run with the
+same parameters is reused.
+
+    python3 tools/bench.py                      # ~1 GB per side, 80 layers, 3 repeats
+    python3 tools/bench.py --quick              # ~50 MB per side, 1 repeat, small tensor pair
+    python3 tools/bench.py --size-mb 200 --stages json,compare --profile --keep --workdir /tmp/b
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIGDUMP = ROOT / "tools" / "bigdump.py"
+COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py"
+ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
+TESTS = ROOT / "tests"
+STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MB = 1e6
+
+JSON_LOAD = "import json, sys\nwith open(sys.argv[1], 'rb') as f:\n    json.load(f)\n"
+ORJSON_LOAD = "import orjson, sys\nwith open(sys.argv[1], 'rb') as f:\n    orjson.loads(f.read())\n"
+NP_LOAD = ("import sys, numpy as np\nn = 0\nfor p in sys.argv[1:]:\n"
+           "    a = np.load(p, allow_pickle=False)\n    n += a.nbytes\n    del a\nprint(n)\n")
+# cProfile around a script; SIGTERM (the bench's timeout) still writes the partial profile.
+PROFILE = r"""
+import cProfile, runpy, signal, sys
+out, script = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[2:]
+def _stop(*_):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, _stop)
+prof = cProfile.Profile()
+prof.enable()
+try:
+    runpy.run_path(script, run_name="__main__")
+except (KeyboardInterrupt, SystemExit):
+    pass
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float             # user + system seconds of the process and its waited-for children
+    rc: int | None
+    maxrss: int            # bytes, exact high-water mark of the largest single process
+    tree_peak: int         # bytes, sampled peak of the summed RSS of the process group
+    stopped: str | None    # "timeout" / "memory limit" when the bench stopped it
+    stdout: str
+    stderr: str
+
+    @property
+    def peak(self) -> int:
+        return max(self.maxrss, self.tree_peak)
+
+    @property
+    def ok(self) -> bool:
+        return self.stopped is None and self.rc == 0
+
+
+def _group_rss(pgid: int) -> int:
+    """Summed RSS (bytes) of the processes in process group ``pgid``."""
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[21]) * PAGE
+    return total
+
+
+def _killpg(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_measured(cmd: list[str], *, cwd=None, timeout=None, mem_limit=None, grace=10.0,
+                 poll=0.2) -> Run:
+    """Run ``cmd`` in its own process group; wall time, peak memory, optional limits."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
+        state = {"tree": 0, "stopped": None, "term_at": None}
+        done = threading.Event()
+
+        def watch():
+            while not done.wait(poll):
+                rss = _group_rss(proc.pid)
+                state["tree"] = max(state["tree"], rss)
+                now = time.perf_counter()
+                if state["stopped"] is None:
+                    if timeout is not None and now - t0 > timeout:
+                        state["stopped"] = "timeout"
+                    elif mem_limit is not None and rss > mem_limit:
+                        state["stopped"] = "memory limit"
+                    if state["stopped"]:
+                        state["term_at"] = now
+                        _killpg(proc.pid, signal.SIGTERM)
+                elif now - state["term_at"] > grace:
+                    _killpg(proc.pid, signal.SIGKILL)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        done.set()
+        watcher.join()
+        if state["stopped"]:
+            _killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, if any
+        out.seek(0)
+        err.seek(0)
+        return Run(wall=wall, cpu=usage.ru_utime + usage.ru_stime, rc=proc.returncode,
+                   maxrss=usage.ru_maxrss * 1024,
+                   tree_peak=state["tree"], stopped=state["stopped"],
+                   stdout=out.read().decode(errors="replace"),
+                   stderr=err.read().decode(errors="replace"))
+
+
+@dataclass
+class Stage:
+    name: str
+    runs: list[Run] = field(default_factory=list)
+    note: str = ""
+    skipped: str = ""       # why the stage did not run at all
+    timeout: float | None = None
+
+    @property
+    def ok_runs(self) -> list[Run]:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def failed(self) -> Run | None:
+        return next((r for r in self.runs if not r.ok), None)
+
+    @property
+    def median(self) -> float | None:
+        ok = self.ok_runs
+        return statistics.median(r.wall for r in ok) if ok and not self.failed else None
+
+    @property
+    def cpu_median(self) -> float | None:
+        ok = self.ok_runs
+        return statistics.median(r.cpu for r in ok) if ok and not self.failed else None
+
+    @property
+    def peak(self) -> int | None:
+        return max((r.peak for r in self.runs), default=None)
+
+    def status(self) -> str:
+        if self.skipped:
+            return self.skipped
+        bad = self.failed
+        if bad is None:
+            return "ok"
+        if bad.stopped == "timeout":
+            return f"TIMEOUT after {bad.wall:.0f} s"
+        if bad.stopped:
+            return f"STOPPED at {bad.peak / MB:.0f} MB ({bad.stopped})"
+        tail = [ln for ln in bad.stderr.strip().splitlines() if ln.strip()]
+        return f"FAILED rc={bad.rc}: {tail[-1][:160] if tail else ''}"
+
+
+def run_stage(name: str, cmd: list[str], repeat: int, *, cwd=None, timeout=None,
+              mem_limit=None) -> Stage:
+    st = Stage(name, timeout=timeout)
+    for i in range(repeat):
+        log(f"{name}: run {i + 1}/{repeat}"
+            + (f" (timeout {timeout:.0f} s)" if timeout else ""))
+        r = run_measured(cmd, cwd=cwd, timeout=timeout, mem_limit=mem_limit)
+        st.runs.append(r)
+        log(f"{name}: {r.wall:.2f} s (cpu {r.cpu:.2f} s), peak {r.peak / MB:.0f} MB, "
+            + ("ok" if r.ok else st.status()))
+        if not r.ok:
+            break
+    return st
+
+
+# --------------------------------------------------------------------------- generating
+
+
+def _params(args, layers: int) -> dict:
+    return {"size_mb": args.size_mb, "layers": layers, "steps": args.steps, "ranks": args.ranks,
+            "faults": args.faults, "variants": args.variants, "seed": args.seed,
+            "bigdump_mtime": BIGDUMP.stat().st_mtime}
+
+
+def make_statistics_pair(args, work: Path) -> tuple[dict, bool]:
+    """Generate (or reuse) the statistics pair; returns (bigdump summary, reused)."""
+    pair = work / "stats_pair"
+    manifest = pair / "manifest.json"
+    params = _params(args, args.layers)
+    if manifest.is_file():
+        try:
+            old = json.loads(manifest.read_text())
+        except ValueError:
+            old = {}
+        if old.get("params") == params and all(Path(f["path"]).is_file()
+                                               for f in old["summary"]["files"]):
+            log(f"reusing the statistics pair in {pair}")
+            return old["summary"], True
+    if pair.exists():
+        shutil.rmtree(pair)
+    cmd = [args.python, str(BIGDUMP), "--out", str(pair), "--size-mb", str(args.size_mb),
+           "--layers", str(args.layers), "--steps", str(args.steps), "--ranks", str(args.ranks),
+           "--variants", str(args.variants), "--seed", str(args.seed)]
+    for f in args.faults:
+        cmd += ["--fault", f]
+    log("generating the statistics pair: " + " ".join(cmd[1:]))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: bigdump failed:\n{proc.stderr}")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    log(f"generated {sum(summary['side_bytes'].values()) / MB:.0f} MB in "
+        f"{time.perf_counter() - t0:.1f} s")
+    manifest.write_text(json.dumps({"params": params, "summary": summary}))
+    return summary, False
+
+
+def make_tensor_pair(args, work: Path) -> Path:
+    out = work / "tensor_pair"
+    if out.exists():
+        shutil.rmtree(out)
+    h = args.tensor_hidden
+    heads = max(1, h // 64)
+    cmd = [args.python, "-m", "synth", "--out", str(out), "--task", "tensor",
+           "--layers", str(args.tensor_layers), "--hidden", str(h),
+           "--intermediate", str(args.tensor_intermediate or (h * 11) // 4),
+           "--heads", str(heads), "--kv-heads", str(max(1, heads // 4)),
+           "--head-dim", str(h // heads), "--seq-len", str(args.tensor_seq_len),
+           "--vocab", str(args.tensor_vocab), "--seed", str(args.seed)]
+    for f in args.tensor_faults:
+        cmd += ["--fault", f]
+    log("generating the tensor pair: " + " ".join(cmd[2:]))
+    proc = subprocess.run(cmd, cwd=TESTS, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: synth (tensor) failed:\n{proc.stderr}")
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _mb(n) -> str:
+    return f"{n / MB:.1f}" if n < 10 * MB else f"{n / MB:.0f}"
+
+
+def _fmt_s(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def _fmt_ratio(x, lower_bound=False):
+    if x is None:
+        return "-"
+    return (">" if lower_bound else "") + f"{x:.2f}x"
+
+
+def _verdict(out_dir: Path) -> str:
+    try:
+        doc = json.loads((out_dir / "output_5_root_cause_report.json").read_text())
+    except (OSError, ValueError):
+        return "-"
+    causes = doc.get("root_causes") or []
+    top = causes[0] if causes else {}
+    where = top.get("train_module") or top.get("rollout_module") or ""
+    if isinstance(where, list):
+        where = ", ".join(where)
+    return doc.get("verdict", "?") + (f" ({top.get('category', '')} at {where})" if top else "")
+
+
+def _time_ratio(stage: Stage | None, base: float | None):
+    """(ratio, is_lower_bound) of a stage's median time to the baseline."""
+    if stage is None or base is None or stage.skipped:
+        return None, False
+    if stage.median is not None:
+        return stage.median / base, False
+    bad = stage.failed
+    if bad is not None and bad.stopped:
+        return bad.wall / base, True
+    return None, False
+
+
+def _cpu_ratio(stage: Stage | None, base: float | None):
+    if stage is None or not base or stage.skipped or not stage.runs:
+        return None, False
+    if stage.cpu_median is not None:
+        return stage.cpu_median / base, False
+    bad = stage.failed
+    return (bad.cpu / base, True) if bad is not None and bad.stopped else (None, False)
+
+
+def print_report(rows, ratio_lines, info_lines) -> None:
+    head = ("stage", "runs", "median s", "min s", "max s", "cpu s", "peak MB", "time ratio",
+            "peak ratio", "status")
+    table = [head]
+    for r in rows:
+        table.append(tuple(str(c) for c in r))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
+    print()
+    for i, row in enumerate(table):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:])]
+        print("  ".join(cells) + "  " + row[-1])
+        if i == 0:
+            print("  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    print()
+    for line in info_lines:
+        print(line)
+    for line in ratio_lines:
+        print(line)
+
+
+def stage_row(stage: Stage, base_time=None, base_mem=None):
+    if stage.skipped:
+        return (stage.name, 0, "-", "-", "-", "-", "-", "-", "-", stage.skipped)
+    walls = [r.wall for r in stage.ok_runs]
+    tr, lb = _time_ratio(stage, base_time)
+    peak = stage.peak
+    return (stage.name, len(stage.runs), _fmt_s(stage.median),
+            _fmt_s(min(walls) if walls else None), _fmt_s(max(walls) if walls else None),
+            _fmt_s(stage.cpu_median if stage.cpu_median is not None
+                   else (stage.runs[-1].cpu if stage.runs else None)),
+            "-" if peak is None else f"{peak / MB:.0f}", _fmt_ratio(tr, lb),
+            _fmt_ratio(_ratio(peak, base_mem), stage.failed is not None and
+                       stage.failed.stopped == "memory limit"),
+            stage.status())
+
+
+_WRAPPER_FRAMES = ("<frozen runpy>", "{built-in method builtins.exec}", "run_compare.py:1(<module>)",
+                   "{method 'disable' of '_lsprof.Profiler' objects}")
+
+
+def print_profile(prof: Path, top: int) -> None:
+    """Top functions of a cProfile file, without the runpy/exec wrapper frames."""
+    import io
+    import pstats
+    for key in ("cumulative", "tottime"):
+        buf = io.StringIO()
+        stats = pstats.Stats(str(prof), stream=buf)
+        total = stats.total_tt
+        stats.sort_stats(key).print_stats(top + 8)
+        lines = buf.getvalue().replace(str(ROOT) + os.sep, "").splitlines()
+        start = next((i for i, ln in enumerate(lines) if ln.strip().startswith("ncalls")), 0)
+        body = [ln for ln in lines[start + 1:]
+                if ln.strip() and not any(w in ln for w in _WRAPPER_FRAMES)][:top]
+        print(f"\n== cProfile of run_compare.py: top {top} by {key} "
+              f"(profiled total {total:.1f} s) ==")
+        print(lines[start])
+        print("\n".join(body))
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Time the compare / root-cause pipeline on large synthetic msprobe dumps "
+                    "against json.load and np.load baselines (issue 6).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Stages: " + ", ".join(STAGES) + ". Ratios: pipeline median time / baseline "
+               "median time of both files; peak memory / size of the larger dump.json.")
+    ap.add_argument("--size-mb", type=float, default=None,
+                    help="statistics dump size per side in MB (default 1024; 50 with --quick)")
+    ap.add_argument("--layers", type=int, default=80, help="decoder layers (default 80)")
+    ap.add_argument("--steps", type=int, default=1, help="step folders per side (default 1)")
+    ap.add_argument("--ranks", type=int, default=1, help="rank folders per step (default 1)")
+    ap.add_argument("--fault", action="append", default=None,
+                    help="synth fault (repeatable); default corrupt:rollout:gate:<layers/2>, "
+                         "'none' for a clean pair")
+    ap.add_argument("--variants", type=int, default=16, help="bigdump value sets (default 16)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs per timed stage (default 3; 1 with --quick)")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help="comma-separated subset of: " + ", ".join(STAGES))
+    ap.add_argument("--quick", action="store_true",
+                    help="small run: ~50 MB per side, 1 repeat, small tensor pair")
+    ap.add_argument("--keep", action="store_true", help="keep generated dumps and outputs")
+    ap.add_argument("--workdir", default=None,
+                    help="folder for dumps and outputs (default: a new temporary folder); "
+                         "a pair kept there with the same parameters is reused")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter for the stages (default: this one)")
+    ap.add_argument("--pipeline-arg", action="append", default=[],
+                    help="extra argument for run_compare.py / run_root_cause_analysis.py "
+                         "(repeatable), e.g. --pipeline-arg=--train-step=0")
+    ap.add_argument("--timeout-factor", type=float, default=10.0,
+                    help="stop a pipeline stage after this many times its baseline "
+                         "(default 10; at least 120 s)")
+    ap.add_argument("--stage-timeout", type=float, default=None,
+                    help="fixed timeout in seconds for every pipeline stage (overrides "
+                         "--timeout-factor)")
+    ap.add_argument("--mem-limit-mb", type=float, default=None,
+                    help="stop a stage whose processes together exceed this RSS "
+                         "(default 75%% of physical memory)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also run run_compare.py once under cProfile (within the timeout) "
+                         "and print the top functions")
+    ap.add_argument("--profile-top", type=int, default=15)
+    ap.add_argument("--tensor-hidden", type=int, default=None,
+                    help="hidden size of the tensor pair (default 1024; 128 with --quick)")
+    ap.add_argument("--tensor-layers", type=int, default=None,
+                    help="layers of the tensor pair (default 4; 2 with --quick)")
+    ap.add_argument("--tensor-intermediate", type=int, default=None,
+                    help="default 2.75 x hidden")
+    ap.add_argument("--tensor-seq-len", type=int, default=None,
+                    help="tokens of the tensor pair (default 128; 16 with --quick)")
+    ap.add_argument("--tensor-vocab", type=int, default=None,
+                    help="vocabulary of the tensor pair (default 4096; 256 with --quick)")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+
+    q = args.quick
+    args.size_mb = args.size_mb if args.size_mb is not None else (50.0 if q else 1024.0)
+    args.repeat = args.repeat if args.repeat is not None else (1 if q else 3)
+    args.tensor_hidden = args.tensor_hidden or (128 if q else 1024)
+    args.tensor_layers = args.tensor_layers or (2 if q else 4)
+    args.tensor_seq_len = args.tensor_seq_len or (16 if q else 128)
+    args.tensor_vocab = args.tensor_vocab or (256 if q else 4096)
+    stages = {s.strip() for s in args.stages.split(",") if s.strip()}
+    unknown = stages - set(STAGES)
+    if unknown:
+        ap.error(f"unknown stage(s): {', '.join(sorted(unknown))}")
+    if args.repeat < 1 or args.layers < 1 or args.size_mb <= 0:
+        ap.error("--repeat, --layers and --size-mb must be positive")
+    faults = args.fault if args.fault is not None else ["auto"]
+    faults = [f for f in faults if f.lower() != "none"]
+    args.faults = [f"corrupt:rollout:gate:{args.layers // 2}" if f == "auto" else f for f in faults]
+    args.tensor_faults = [f"corrupt:rollout:gate:{args.tensor_layers // 2}" if f == "auto" else f
+                          for f in faults]
+    if args.mem_limit_mb is None:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        mem_limit = int(phys * 0.75)
+    else:
+        mem_limit = int(args.mem_limit_mb * MB)
+
+    if args.workdir:
+        work = Path(args.workdir).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="bench-"))
+    created: list[Path] = []
+    results: dict = {"params": {k: v for k, v in vars(args).items()}, "stages": {}}
+    rows, ratio_lines, info_lines = [], [], []
+    py = args.python
+    t_start = time.perf_counter()
+    try:
+        # ---------------------------------------------------------------- statistics mode
+        stat_stages = stages & {"json", "orjson", "compare", "triage", "rootcause"}
+        if stat_stages:
+            summary, reused = make_statistics_pair(args, work)
+            if not reused:
+                created.append(work / "stats_pair")
+            files = [Path(f["path"]) for f in summary["files"]]
+            sizes = {str(f["path"]): f["bytes"] for f in summary["files"]}
+            larger = summary["largest_file_bytes"]
+            info_lines.append(
+                f"statistics pair: {len(files)} dump.json, train {_mb(summary['side_bytes']['train'])} MB, "
+                f"rollout {_mb(summary['side_bytes']['rollout'])} MB, larger file {_mb(larger)} MB, "
+                f"{summary['calls']} calls x {summary['entries_per_call']['train']}/"
+                f"{summary['entries_per_call']['rollout']} entries (train/rollout), "
+                f"{args.layers} layers, faults: {', '.join(args.faults) or 'none'}")
+            base_time = base_cpu = None
+            if "json" in stages:
+                per_file = []
+                for f in files:
+                    side = "train" if f"{os.sep}train{os.sep}" in str(f) else "rollout"
+                    rel = f.relative_to(work / "stats_pair")
+                    st = run_stage(f"json.load {rel}", [py, "-c", JSON_LOAD, str(f)], args.repeat,
+                                   mem_limit=mem_limit)
+                    st.note = side
+                    per_file.append(st)
+                    rows.append(stage_row(st, None, sizes[str(f)]))
+                    results["stages"][st.name] = _stage_json(st)
+                if all(s.median is not None for s in per_file):
+                    base_time = sum(s.median for s in per_file)
+                    peak = max(s.peak for s in per_file)
+                    cpu = base_cpu = sum(s.cpu_median for s in per_file)
+                    rows.append(("json.load all files (sum of medians)", "-", _fmt_s(base_time),
+                                 "-", "-", _fmt_s(cpu), f"{peak / MB:.0f}", "1.00x",
+                                 _fmt_ratio(peak / larger), "baseline"))
+                    results["json_load_total_s"] = base_time
+            if "orjson" in stages:
+                chk = subprocess.run([py, "-c", "import orjson"], capture_output=True)
+                if chk.returncode != 0:
+                    st = Stage("orjson.loads (each file)", skipped="not installed")
+                    rows.append(stage_row(st))
+                    info_lines.append("orjson: not installed for " + py
+                                      + " (it would reject the NaN/Infinity tokens anyway)")
+                else:
+                    for f in files:
+                        rel = f.relative_to(work / "stats_pair")
+                        st = run_stage(f"orjson.loads {rel}", [py, "-c", ORJSON_LOAD, str(f)], 1,
+                                       mem_limit=mem_limit)
+                        rows.append(stage_row(st, None, sizes[str(f)]))
+                        results["stages"][st.name] = _stage_json(st)
+                        info_lines.append(f"orjson on {rel}: "
+                                          + ("parsed" if st.failed is None else
+                                             "rejected the file: " + st.status()))
+            timeout = args.stage_timeout
+            if timeout is None:
+                timeout = max(120.0, args.timeout_factor * (base_time or 0.0))
+            extra = list(args.pipeline_arg)
+            train, rollout = summary["train"], summary["rollout"]
+            out_cmp = work / "out_compare"
+            out_full = work / "out_rootcause"
+            created += [out_cmp, out_full]
+            compare_ok = False
+            pipeline = {}
+            if "compare" in stages or "triage" in stages:
+                cmd = [py, str(COMPARE), "--train", train, "--rollout", rollout,
+                       "--out-dir", str(out_cmp), "--quiet", *extra]
+                st = run_stage("compare (run_compare.py)", cmd,
+                               args.repeat if "compare" in stages else 1,
+                               timeout=timeout, mem_limit=mem_limit)
+                compare_ok = st.failed is None
+                pipeline["compare"] = st
+                rows.append(stage_row(st, base_time, larger))
+                results["stages"][st.name] = _stage_json(st)
+            if "triage" in stages:
+                if compare_ok:
+                    cmd = [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
+                           "--out-dir", str(out_cmp), "--reuse-outputs", "--quiet", *extra]
+                    st = run_stage("root cause --reuse-outputs (triage)", cmd, args.repeat,
+                                   timeout=timeout, mem_limit=mem_limit)
+                else:
+                    st = Stage("root cause --reuse-outputs (triage)",
+                               skipped="skipped: no compare outputs")
+                pipeline["triage"] = st
+                rows.append(stage_row(st, base_time, larger))
+                results["stages"][st.name] = _stage_json(st)
+                if compare_ok:
+                    info_lines.append(f"verdict (triage on the compare outputs): {_verdict(out_cmp)}")
+            if "rootcause" in stages:
+                cmd = [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
+                       "--out-dir", str(out_full), "--quiet", *extra]
+                st = run_stage("root cause full (compare + triage)", cmd, args.repeat,
+                               timeout=timeout, mem_limit=mem_limit)
+                pipeline["rootcause"] = st
+                rows.append(stage_row(st, base_time, larger))
+                results["stages"][st.name] = _stage_json(st)
+                if st.failed is None:
+                    info_lines.append(f"verdict (full run): {_verdict(out_full)}")
+            if pipeline:
+                info_lines.append(f"pipeline stage timeout: {timeout:.0f} s, memory limit "
+                                  f"{mem_limit / MB:.0f} MB")
+            for key, label in (("compare", "compare"),
+                               ("triage", "root cause triage (--reuse-outputs)"),
+                               ("rootcause", "end to end (compare + root cause)")):
+                st = pipeline.get(key)
+                if st is None:
+                    continue
+                tr, lb = _time_ratio(st, base_time)
+                peak = st.peak
+                ratio_lines.append(
+                    f"ratio statistics {label}: time / json.load(both files) = "
+                    f"{_fmt_ratio(tr, lb)} (target <= 1.5x), cpu time ratio "
+                    f"{_fmt_ratio(*_cpu_ratio(st, base_cpu))}; peak memory / larger file = "
+                    f"{_fmt_ratio(_ratio(peak, larger))} (target <= 2x); "
+                    f"median {_fmt_s(st.median)} s, peak {('-' if peak is None else f'{peak / MB:.0f}')} MB"
+                    + ("" if st.failed is None and not st.skipped else f" [{st.status()}]"))
+            results["ratio_lines"] = list(ratio_lines)
+
+            if args.profile:
+                prof = work / "compare.prof"
+                created.append(prof)
+                out_prof = work / "out_profile"
+                created.append(out_prof)
+                cmd = [py, "-c", PROFILE, str(prof), str(COMPARE), "--train", train,
+                       "--rollout", rollout, "--out-dir", str(out_prof), "--quiet", *extra]
+                log("profiling run_compare.py under cProfile")
+                r = run_measured(cmd, timeout=timeout, mem_limit=mem_limit, grace=120.0)
+                log(f"profile run: {r.wall:.1f} s" + (f" ({r.stopped}, partial profile)"
+                                                       if r.stopped else ""))
+                results["profile"] = {"wall": r.wall, "stopped": r.stopped, "rc": r.rc}
+                if prof.is_file():
+                    results["profile_file"] = str(prof)
+                    args._profile_path = prof
+                    args._profile_note = (f"profiled run: {r.wall:.1f} s wall"
+                                          + (f", stopped by {r.stopped}: partial profile"
+                                             if r.stopped else ""))
+                else:
+                    info_lines.append("profile: no profile written "
+                                      f"(rc={r.rc}, {r.stopped or 'exited'})")
+
+        # ---------------------------------------------------------------- tensor mode
+        if "tensor" in stages:
+            tpair = make_tensor_pair(args, work)
+            created.append(tpair)
+            npys = sorted(str(p) for p in tpair.rglob("*.npy"))
+            side_bytes = {s: sum(p.stat().st_size for p in (tpair / s).rglob("*.npy"))
+                          for s in ("train", "rollout")}
+            largest_npy = max((os.path.getsize(p) for p in npys), default=0)
+            larger_side = max(side_bytes.values())
+            info_lines.append(
+                f"tensor pair: {len(npys)} .npy files, train {_mb(side_bytes['train'])} MB, "
+                f"rollout {_mb(side_bytes['rollout'])} MB, largest file {_mb(largest_npy)} MB "
+                f"(hidden {args.tensor_hidden}, {args.tensor_layers} layers, seq {args.tensor_seq_len}, "
+                f"vocab {args.tensor_vocab}, faults: {', '.join(args.tensor_faults) or 'none'})")
+            st = run_stage("tensor: np.load all .npy", [py, "-c", NP_LOAD, *npys], args.repeat,
+                           mem_limit=mem_limit)
+            results["stages"][st.name] = _stage_json(st)
+            np_base, np_cpu = st.median, st.cpu_median
+            rows.append(stage_row(st, np_base, larger_side))
+            ttimeout = args.stage_timeout or max(120.0, args.timeout_factor * (np_base or 0.0))
+            train, rollout = str(tpair / "train"), str(tpair / "rollout")
+            for key, name, cmd in (
+                    ("compare", "tensor: compare (run_compare.py)",
+                     [py, str(COMPARE), "--train", train, "--rollout", rollout,
+                      "--out-dir", str(work / "out_tensor_compare"), "--quiet"]),
+                    ("rootcause", "tensor: root cause full",
+                     [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
+                      "--out-dir", str(work / "out_tensor_rootcause"), "--quiet"])):
+                created.append(Path(cmd[cmd.index("--out-dir") + 1]))
+                tst = run_stage(name, cmd, args.repeat, timeout=ttimeout, mem_limit=mem_limit)
+                results["stages"][tst.name] = _stage_json(tst)
+                rows.append(stage_row(tst, np_base, larger_side))
+                tr, lb = _time_ratio(tst, np_base)
+                peak = tst.peak
+                ratio_lines.append(
+                    f"ratio tensor {key}: time / np.load(all tensor files) = {_fmt_ratio(tr, lb)}, "
+                    f"cpu time ratio {_fmt_ratio(*_cpu_ratio(tst, np_cpu))}; "
+                    f"peak memory = {('-' if peak is None else f'{peak / MB:.0f}')} MB (target < 1000 MB), "
+                    f"peak / larger side's tensor data = {_fmt_ratio(_ratio(peak, larger_side))}; "
+                    f"median {_fmt_s(tst.median)} s"
+                    + ("" if tst.failed is None else f" [{tst.status()}]"))
+                if key == "rootcause" and tst.failed is None:
+                    info_lines.append(f"verdict (tensor, full run): {_verdict(work / 'out_tensor_rootcause')}")
+            results["ratio_lines"] = list(ratio_lines)
+
+        info_lines.append(f"machine: {os.cpu_count()} cores, "
+                          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
+                          f"python {py}; repeats {args.repeat}; bench wall "
+                          f"{time.perf_counter() - t_start:.0f} s; MB = 1e6 bytes; "
+                          f"peak = max(exact per-process high-water mark, sampled process-group sum)")
+        print_report(rows, ratio_lines, info_lines)
+        if getattr(args, "_profile_path", None):
+            print("\n" + args._profile_note)
+            print_profile(args._profile_path, args.profile_top)
+        if args.json:
+            results["table"] = rows
+            results["info"] = info_lines
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    finally:
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            for p in created:
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                elif p.exists():
+                    p.unlink()
+            if not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _stage_json(st: Stage) -> dict:
+    return {"status": st.status(), "median_s": st.median, "peak_bytes": st.peak,
+            "timeout_s": st.timeout,
+            "runs": [{"wall_s": r.wall, "cpu_s": r.cpu, "rc": r.rc, "maxrss_bytes": r.maxrss,
+                      "tree_peak_bytes": r.tree_peak, "stopped": r.stopped} for r in st.runs]}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
