@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from . import documents as D
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
-from .loaders import load_ranks
+from .loaders import load_path
+from .loaders.discovery import resolve_dump_files
+from .loaders.parallel import load_files
 from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
@@ -17,6 +20,16 @@ from .outputs import write_atomic, write_csv, write_json
 from .unshard import merge_ranks
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
+SIDES = ("train", "rollout")
+# Runs on inputs below this size take seconds: no progress lines for them.
+PROGRESS_MIN_BYTES = 32 << 20
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--naming", help="YAML file extending or overriding the built-in naming profiles")
     ap.add_argument("--tolerances", help="YAML file overriding the dtype tolerances")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
-    ap.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    ap.add_argument("--jobs", type=_positive_int, default=None,
+                    help="processes reading the dump files (default: one per core for inputs over 32 MB)")
+    ap.add_argument("--quiet", action="store_true", help="print nothing but errors (no summary, no progress)")
     return ap
 
 
@@ -52,13 +67,16 @@ def run(args: argparse.Namespace) -> dict:
     tolerances = load_tolerances(args.tolerances)
     dumps, fams, recs = {}, {}, {}
     steps, step_notes = pair_steps(args.train, args.rollout,
-                                   {s: getattr(args, f"{s}_step") for s in ("train", "rollout")},
-                                   {s: getattr(args, f"{s}_rank") for s in ("train", "rollout")})
-    for s in ("train", "rollout"):
-        ranks = load_ranks(getattr(args, s), s, steps[s], getattr(args, f"{s}_rank"))
+                                   {s: getattr(args, f"{s}_step") for s in SIDES},
+                                   {s: getattr(args, f"{s}_rank") for s in SIDES})
+    files = {s: resolve_dump_files(getattr(args, s), s, steps[s], getattr(args, f"{s}_rank")) for s in SIDES}
+    say = _progress(args.quiet, files["train"] + files["rollout"])
+    loaded = load_files(files["train"] + files["rollout"], load_path, args.jobs, say)
+    for s, ranks in (("train", loaded[:len(files["train"])]), ("rollout", loaded[len(files["train"]):])):
         ranks[0].notes += [n for n in step_notes if n.startswith(s)]
         fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))
         dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
+    say("mapping and comparing")
     plan = build_plan(recs["train"], recs["rollout"], namer)
     views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
@@ -78,6 +96,7 @@ def run(args: argparse.Namespace) -> dict:
     doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
     for doc in (doc1, doc2, doc3, doc4):
         doc["partial"] = partial
+    say(f"writing outputs to {out}")
     write_json(out / "output_1_key_mapping.json", doc1)
     write_csv(out / "output_1_key_mapping.csv", h1, r1)
     write_json(out / "output_2_mapping.json", doc2)
@@ -86,9 +105,20 @@ def run(args: argparse.Namespace) -> dict:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", doc4)
     write_atomic(out / "output_4_module_analysis.md", md4)
+    say("done")
     if not args.quiet:
         _summary(doc2["summary"], doc4, sources, mode, out)
     return doc4
+
+
+def _progress(quiet: bool, paths: list[Path]):
+    """A function printing timed progress lines on stderr for long runs, silent otherwise."""
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    if quiet or size < PROGRESS_MIN_BYTES:
+        return lambda _msg: None
+    start = time.perf_counter()
+    return lambda msg: print(f"[run_compare {time.perf_counter() - start:7.1f} s] {msg}",
+                             file=sys.stderr, flush=True)
 
 
 def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:

@@ -17,7 +17,7 @@ def source_info(dump: Dump, family: str) -> dict:
     return {
         "path": str(dump.path), "format": dump.fmt, "task": dump.task, "level": dump.level,
         "framework": dump.framework, "family": family, "entries": len(dump.entries),
-        "partial": sal is not None,
+        "partial": sal is not None, "folded_calls": dump.folded,
         "salvage": None if sal is None else {
             "byte_offset": sal.byte_offset, "last_complete_key": sal.last_complete_key,
             "entries_recovered": sal.entries_recovered, "reason": sal.reason},
@@ -30,7 +30,7 @@ def record_row(r: ModuleRecord) -> dict:
     """output_1 record of one entry."""
     return {
         "index": r.index, "key": r.key, "kind": r.kind, "direction": r.direction, "path": r.path,
-        "raw_path": r.raw_path, "class": r.cls, "call": r.call, "layer": r.layer, "block": r.block,
+        "raw_path": r.raw_path, "class": r.cls, "call": r.call, "calls": r.calls, "layer": r.layer, "block": r.block,
         "role": r.role, "family": r.family, "fused_parts": r.parts, "is_wrapper": r.is_wrapper,
         "explained": r.role is not None or r.kind == "api",
         "ports": [{"leaf": p.leaf, "point": p.point, "io": p.io} for p in r.ports],
@@ -46,9 +46,9 @@ def output_1(sources: dict, recs: dict[str, list[ModuleRecord]]) -> tuple[dict, 
         doc[f"{side}_unexplained"] = [r.key for r in rs if r.role is None and r.kind == "module"]
         doc[f"{side}_counts"] = dict(Counter(f"{r.kind}:{r.direction}" for r in rs))
         for r in rs:
-            rows.append([side, r.index, r.key, r.kind, r.direction, r.path, r.cls, r.call, r.layer,
+            rows.append([side, r.index, r.key, r.kind, r.direction, r.path, r.cls, r.call, r.calls, r.layer,
                          r.block, r.role or "", r.family, r.parts, r.is_wrapper])
-    header = ["side", "index", "key", "kind", "direction", "path", "class", "call", "layer", "block",
+    header = ["side", "index", "key", "kind", "direction", "path", "class", "call", "calls", "layer", "block",
               "role", "family", "fused_parts", "is_wrapper"]
     return doc, [header, rows]
 
@@ -115,16 +115,18 @@ def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, 
     header = ["cid", "point", "kind", "mode", "status", "error", "tolerance", "train_modules", "rollout_modules",
               "train_dtype", "rollout_dtype", "train_shape", "rollout_shape", "max_diff", "min_diff", "mean_diff",
               "norm_diff", "norm_rel", "cosine", "rel_l2", "max_abs", "frac_within_tol", "first_token_past_tol",
-              "reason"]
+              "calls_compared", "calls_diverged", "first_diverged_call", "reason"]
     rows = []
     for r in results:
-        se, tm = r.stat_errors or {}, r.tensor_metrics or {}
+        se, tm, calls = r.stat_errors or {}, r.tensor_metrics or {}, r.calls or {}
+        counts = calls.get("counts", {})
         rows.append([r.cid, r.point, r.kind, r.mode, r.status, r.error, r.tolerance, r.train["modules"],
                      r.rollout["modules"], r.train["dtypes"], r.rollout["dtypes"], r.train["shapes"],
                      r.rollout["shapes"], se.get("max_diff"), se.get("min_diff"), se.get("mean_diff"),
                      se.get("norm_diff"), se.get("norm_rel"), tm.get("cosine"), tm.get("rel_l2"),
                      tm.get("max_abs"), tm.get("frac_within_tol"), tm.get("first_token_past_tol"),
-                     r.reason or ";".join(r.notes)])
+                     calls.get("compared", 1), counts.get("mismatch", 0) + counts.get("nonfinite", 0) if calls else "",
+                     calls.get("first_diverged", ""), r.reason or ";".join(r.notes)])
     return doc, [header, rows]
 
 

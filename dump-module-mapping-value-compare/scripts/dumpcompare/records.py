@@ -40,6 +40,10 @@ class Leaf:
     # and, for tensor files, one (dump_dir, data_name, dump_data_dir) per rank.
     merge: str | None = None
     shards: tuple | None = None
+    # Set when repeated calls of one module were folded into this leaf (see loaders/folding.py):
+    # float64 [calls, 4] of Max, Min, Mean, Norm per call, NaN where a statistic is absent.
+    # The scalar fields above always hold call 0.
+    per_call: Any = None
 
     @property
     def numel(self) -> int | None:
@@ -63,6 +67,7 @@ class Entry:
     call: int
     leaves: list[Leaf] = field(default_factory=list)
     n_args: int = 0            # positional inputs, which some engines vary per call
+    n_calls: int = 1           # calls folded into this entry (its leaves' ``per_call`` rows)
 
 
 @dataclass
@@ -80,3 +85,4 @@ class Dump:
     salvage: Salvage | None = None
     notes: list[str] = field(default_factory=list)
     skipped_keys: list[str] = field(default_factory=list)
+    folded: bool = False       # repeated calls were folded into one entry per module

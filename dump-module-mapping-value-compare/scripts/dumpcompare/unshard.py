@@ -11,7 +11,10 @@ import math
 import re
 from dataclasses import replace
 
-from .compare.stats import Stats, combine
+import numpy as np
+
+from .compare import leaf_stats, n_calls
+from .compare.stats import ATTRS, combine
 from .naming import ModuleRecord
 from .records import FORWARD, Dump, Leaf
 
@@ -58,15 +61,21 @@ def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
         return replace(first, merge=rule)
     if rule == "sum":
         # Partial sums: the statistics of a sum are not a function of the parts' statistics.
-        return replace(first, max=None, min=None, mean=None, norm=None, merge=rule, shards=files)
+        return replace(first, max=None, min=None, mean=None, norm=None, per_call=None, merge=rule, shards=files)
     dim = int(rule.split(":")[1])
     shape = list(first.shape) if first.shape is not None else None
     if shape is not None:
         dim = dim % len(shape) if shape else 0
         shape[dim] = sum(g.shape[dim] for g in group)
-    st = combine([Stats(g.max, g.min, g.mean, g.norm, g.numel, g.dtype) for g in group])
+    st = combine([leaf_stats(g) for g in group])
+    calls = n_calls(group)
+    per_call = None
+    if calls > 1:
+        pc = combine([leaf_stats(g, calls) for g in group])
+        per_call = np.stack([np.full(calls, np.nan) if getattr(pc, a) is None else getattr(pc, a)
+                             for a in ATTRS], axis=1)
     return replace(first, shape=tuple(shape) if shape is not None else None, max=st.max, min=st.min,
-                   mean=st.mean, norm=st.norm, merge=f"concat:{dim}", shards=files)
+                   mean=st.mean, norm=st.norm, per_call=per_call, merge=f"concat:{dim}", shards=files)
 
 
 def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dump:
@@ -93,6 +102,9 @@ def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dum
             e.leaves[i] = _merged_leaf(group, rule, dumps)
             kind = rule.split(":")[0]
             counts[kind] = counts.get(kind, 0) + 1
+    if len({d.folded for d in dumps}) > 1:
+        base.notes.append("the ranks' repeated calls could not all be folded alike: only call 0 of modules "
+                          "whose calls some rank kept apart was merged across ranks")
     base.notes.append(f"merged {len(dumps)} tensor-parallel ranks: "
                       + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                       + (f"; {missing} entries missing on some rank kept from rank 0" if missing else ""))

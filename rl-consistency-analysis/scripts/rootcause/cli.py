@@ -9,7 +9,7 @@ from . import evidence, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
-                       "rollout_family", "naming", "tolerances")
+                       "rollout_family", "naming", "tolerances", "jobs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,11 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
+    ap.add_argument("--jobs", type=int, help="processes reading the dumps, passed to the compare step")
     ap.add_argument("--reuse-outputs", action="store_true",
                     help="do not rerun the compare step; read existing output_1..4 in --out-dir")
     ap.add_argument("--fail-on-finding", action="store_true",
                     help="exit 1 when the verdict is anything but no_credible_divergence (for CI)")
-    ap.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    ap.add_argument("--quiet", action="store_true", help="print nothing but errors (no summary, no progress)")
     return ap
 
 
@@ -44,7 +45,7 @@ def _compare_argv(args) -> list[str]:
     for name in PASS_THROUGH_VALUES:
         val = getattr(args, name)
         if val is not None:
-            argv += [f"--{name.replace('_', '-')}", val]
+            argv += [f"--{name.replace('_', '-')}", str(val)]
     if args.statistics_only:
         argv.append("--statistics-only")
     return argv
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     try:
         if not args.reuse_outputs:
-            sibling.run(sibling.locate(SKILL_ROOT), _compare_argv(args))
+            sibling.run(sibling.locate(SKILL_ROOT), _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
         tri = triage.run(ev)
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})

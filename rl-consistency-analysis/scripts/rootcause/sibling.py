@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+PROGRESS_PREFIX = "[run_compare "
 SIBLING = "dump-module-mapping-value-compare"
 ENTRY = Path("scripts") / "run_compare.py"
 
@@ -22,16 +23,26 @@ def locate(skill_root: Path) -> Path:
     return script
 
 
-def run(script: Path, argv: list[str], timeout: float | None = None) -> None:
-    """Run the compare skill; on failure raise SiblingError with its one-line message."""
-    cmd = [sys.executable, str(script), *argv, "--quiet"]
+def run(script: Path, argv: list[str], progress: bool = False) -> None:
+    """Run the compare skill; on failure raise SiblingError with its one-line message.
+
+    With ``progress`` the compare step's progress lines (stderr, long runs only) are passed
+    through as they come; its summary on stdout is not wanted here either way.
+    """
+    cmd = [sys.executable, str(script), *argv] + ([] if progress else ["--quiet"])
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, shell=False)
-    except subprocess.TimeoutExpired:
-        raise SiblingError(f"{script}: timed out") from None
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                errors="backslashreplace", shell=False)
     except OSError as exc:
         raise SiblingError(f"{script}: cannot run ({exc.strerror})") from None
+    others = []
+    with proc:
+        for line in proc.stderr:
+            if line.startswith(PROGRESS_PREFIX):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            elif line.strip():
+                others.append(line.strip())
     if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()]
-        msg = lines[-1] if lines else f"exit code {proc.returncode}"
+        msg = others[-1] if others else f"exit code {proc.returncode}"
         raise SiblingError(f"compare step failed: {msg.removeprefix('error: ')}")

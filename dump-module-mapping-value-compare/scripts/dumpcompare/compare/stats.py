@@ -3,23 +3,43 @@
 Raw relative errors of a Mean near zero flag every module of a real bf16 dump, so each
 statistic's difference is scaled by the tensor's magnitude instead: Norm by Norm, Mean by
 the RMS (Norm / sqrt(numel)), Max and Min by max |x|.
+
+Every statistic is either a float (one call) or a float64 array with one value per call of a
+folded module (loaders/folding.py); the math below is written once, in numpy, for both. In the
+arrays returned per call, NaN stands for "no value" (the None of the one-call results).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+Value = Union[float, np.ndarray, None]
+ATTRS = ("max", "min", "mean", "norm")
 
 
 @dataclass
 class Stats:
-    """The four msprobe statistics of one (possibly combined) tensor."""
-    max: float | None
-    min: float | None
-    mean: float | None
-    norm: float | None
+    """The four msprobe statistics of one (possibly combined) tensor, for one call or per call."""
+    max: Value
+    min: Value
+    mean: Value
+    norm: Value
     numel: int | None
     dtype: str | None
     is_int: bool = False
+
+
+def _is_scalar(parts: list[Stats]) -> bool:
+    return not any(isinstance(getattr(p, a), np.ndarray) for p in parts for a in ATTRS)
+
+
+def _scalar(x):
+    """Back from a one-element array to the one-call form: float, or None for NaN."""
+    v = float(x[0])
+    return None if math.isnan(v) else v
 
 
 def combine(parts: list[Stats]) -> Stats:
@@ -34,63 +54,110 @@ def combine(parts: list[Stats]) -> Stats:
     def all_have(attr):
         return all(getattr(p, attr) is not None for p in parts)
 
+    def stacked(attr):
+        return np.stack([np.atleast_1d(np.asarray(getattr(p, attr), dtype=np.float64)) for p in parts])
+
     numel = sum(p.numel for p in parts) if all_have("numel") else None
-    mx = max(p.max for p in parts) if all_have("max") else None
-    mn = min(p.min for p in parts) if all_have("min") else None
-    # Weights as ratios and hypot for the norm: no intermediate overflows for huge values or counts.
-    mean = (sum(p.mean * (p.numel / numel) for p in parts)
-            if all_have("mean") and numel else None)
-    norm = math.hypot(*(p.norm for p in parts)) if all_have("norm") else None
+    out = {a: None for a in ATTRS}
+    with np.errstate(all="ignore"):
+        if all_have("max"):
+            out["max"] = np.max(stacked("max"), axis=0)
+        if all_have("min"):
+            out["min"] = np.min(stacked("min"), axis=0)
+        # Weights as ratios and hypot for the norm: no intermediate overflows for huge values or counts.
+        if all_have("mean") and numel:
+            weights = np.array([[p.numel / numel] for p in parts])
+            out["mean"] = np.sum(stacked("mean") * weights, axis=0)
+        if all_have("norm"):
+            out["norm"] = np.hypot.reduce(stacked("norm"), axis=0)
+    if _is_scalar(parts):
+        out = {a: None if v is None else float(v[0]) for a, v in out.items()}
     dtypes = {p.dtype for p in parts}
-    return Stats(mx, mn, mean, norm, numel, dtypes.pop() if len(dtypes) == 1 else None,
-                 all(p.is_int for p in parts))
+    return Stats(out["max"], out["min"], out["mean"], out["norm"], numel,
+                 dtypes.pop() if len(dtypes) == 1 else None, all(p.is_int for p in parts))
 
 
-def _finite(x):
-    return x is not None and math.isfinite(x)
+def _arrays(t: Stats, r: Stats) -> dict:
+    """Every present statistic of both sides as float64 arrays of one common length."""
+    vals = {(s, a): getattr(x, a) for s, x in (("t", t), ("r", r)) for a in ATTRS}
+    n = max((v.shape[0] for v in vals.values() if isinstance(v, np.ndarray)), default=1)
+    return {k: None if v is None else v if isinstance(v, np.ndarray) else np.full(n, v, dtype=np.float64)
+            for k, v in vals.items()}
+
+
+def nonfinite_one_side_calls(t: Stats, r: Stats) -> np.ndarray:
+    """Per call: a NaN/Inf statistic on one side where the other side's is finite."""
+    v = _arrays(t, r)
+    n = next((len(x) for x in v.values() if x is not None), 1)
+    out = np.zeros(n, dtype=bool)
+    for a in ATTRS:
+        x, y = v[("t", a)], v[("r", a)]
+        if x is not None and y is not None:
+            out |= np.isfinite(x) != np.isfinite(y)
+    return out
 
 
 def nonfinite_one_side(a: Stats, b: Stats) -> bool:
-    """A NaN/Inf statistic on one side where the other side's is finite."""
-    for attr in ("max", "min", "mean", "norm"):
-        x, y = getattr(a, attr), getattr(b, attr)
-        if x is None or y is None:
-            continue
-        if _finite(x) != _finite(y):
-            return True
-    return False
+    """A NaN/Inf statistic on one side where the other side's is finite (any call)."""
+    return bool(nonfinite_one_side_calls(a, b).any())
+
+
+def _truthy(x: np.ndarray) -> np.ndarray:
+    """Where a scale exists and is not zero (NaN stands for a missing scale)."""
+    return ~np.isnan(x) & (x != 0)
+
+
+def _ratio_or_inf(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """|num| / den where den is a usable scale, else 0 for no difference and inf for any."""
+    return np.where(_truthy(den), np.abs(num) / np.where(_truthy(den), den, 1.0), np.where(num == 0, 0.0, np.inf))
+
+
+def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
+    """Per call: raw and scaled differences (rollout minus train); NaN where there is no value."""
+    v = _arrays(t, r)
+    n = next((len(x) for x in v.values() if x is not None), 1)
+    nan = np.full(n, np.nan)
+    out: dict[str, np.ndarray] = {}
+    with np.errstate(all="ignore"):
+        for a in ATTRS:
+            x, y = v[("t", a)], v[("r", a)]
+            if x is None or y is None:
+                out[f"{a}_diff"] = out[f"{a}_rel"] = nan
+                continue
+            ok = np.isfinite(x) & np.isfinite(y)
+            d = np.where(ok, y - x, np.nan)
+            rel = np.where(x != 0, np.abs(d) / np.where(x != 0, np.abs(x), 1.0), np.where(d == 0, 0.0, np.inf))
+            out[f"{a}_diff"], out[f"{a}_rel"] = d, np.where(ok, rel, np.nan)
+        extremes = [np.where(np.isfinite(x), np.abs(x), np.nan)
+                    for x in (v[("t", "max")], v[("t", "min")], v[("r", "max")], v[("r", "min")]) if x is not None]
+        amax = np.fmax.reduce(extremes) if extremes else nan
+        scaled = []
+        tn, rn = v[("t", "norm")], v[("r", "norm")]
+        nd = out["norm_diff"]
+        if tn is not None and rn is not None:
+            denom = np.maximum(np.abs(tn), np.abs(rn))
+            scaled.append(np.where(np.isnan(nd), np.nan, np.where(denom > 0, np.abs(nd) / np.where(denom > 0, denom, 1.0), 0.0)))
+        md = out["mean_diff"]
+        if v[("t", "mean")] is not None and v[("r", "mean")] is not None:
+            rms = nan
+            if tn is not None and rn is not None and (t.numel or r.numel):
+                count = math.sqrt(float(min(max(t.numel or 1, r.numel or 1), 1e300)))
+                rms = np.where(np.isfinite(tn) & np.isfinite(rn), np.maximum(np.abs(tn), np.abs(rn)) / count, np.nan)
+            scale = np.where(_truthy(rms), rms, amax)
+            scaled.append(np.where(np.isnan(md), np.nan, _ratio_or_inf(md, scale)))
+        for a in ("max", "min"):
+            dd = out[f"{a}_diff"]
+            if v[("t", a)] is None or v[("r", a)] is None:
+                continue
+            if t.is_int or r.is_int:
+                s = np.where(dd == 0, 0.0, np.inf)
+            else:
+                s = _ratio_or_inf(dd, amax)
+            scaled.append(np.where(np.isnan(dd), np.nan, s))
+        out["scaled_error"] = np.fmax.reduce(scaled) if scaled else nan
+    return out
 
 
 def stat_errors(t: Stats, r: Stats) -> dict:
-    """Raw and scaled differences between two statistics sets (rollout minus train)."""
-    out: dict = {}
-    for attr in ("max", "min", "mean", "norm"):
-        x, y = getattr(t, attr), getattr(r, attr)
-        if x is None or y is None or not (_finite(x) and _finite(y)):
-            out[f"{attr}_diff"] = None
-            out[f"{attr}_rel"] = None
-            continue
-        d = y - x
-        out[f"{attr}_diff"] = d
-        out[f"{attr}_rel"] = abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else math.inf)
-    scaled = []
-    amax = max((abs(v) for v in (t.max, t.min, r.max, r.min) if _finite(v)), default=None)
-    if out.get("norm_diff") is not None:
-        denom = max(abs(t.norm), abs(r.norm))
-        scaled.append(abs(out["norm_diff"]) / denom if denom > 0 else 0.0)
-    if out.get("mean_diff") is not None:
-        rms = None
-        if _finite(t.norm) and _finite(r.norm) and (t.numel or r.numel):
-            rms = max(abs(t.norm), abs(r.norm)) / math.sqrt(float(min(max(t.numel or 1, r.numel or 1), 1e300)))
-        scale = rms if rms else amax
-        scaled.append(abs(out["mean_diff"]) / scale if scale else (0.0 if out["mean_diff"] == 0 else math.inf))
-    for attr in ("max", "min"):
-        if out.get(f"{attr}_diff") is not None:
-            if t.is_int or r.is_int:
-                scaled.append(0.0 if out[f"{attr}_diff"] == 0 else math.inf)
-            elif amax:
-                scaled.append(abs(out[f"{attr}_diff"]) / amax)
-            else:
-                scaled.append(0.0 if out[f"{attr}_diff"] == 0 else math.inf)
-    out["scaled_error"] = max(scaled) if scaled else None
-    return out
+    """Raw and scaled differences between two one-call statistics sets (None where there is none)."""
+    return {k: _scalar(v) for k, v in stat_error_calls(t, r).items()}

@@ -5,18 +5,13 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
-from ..records import Dump
+from ..records import Dump, Entry
 from .discovery import resolve_dump_file, resolve_dump_files
+from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
-from .msprobe import build_entry
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
-
-
-def load_ranks(arg: str, side: str, step: str | None = None, rank: str | None = None) -> list[Dump]:
-    """One dump per rank to merge (a single dump unless ``rank`` is "all")."""
-    return [load_path(p) for p in resolve_dump_files(arg, side, step, rank)]
 
 
 def load_side(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Dump:
@@ -29,25 +24,16 @@ def load_path(path: Path) -> Dump:
     if _looks_generic(path):
         return _load_generic(path)
     state = StreamState()
-    entries = []
-    skipped = []
-    seen: dict[str, int] = {}
-    notes = []
+    folder = CallFolder()
     for key, value in iter_entries(path, state):
-        if key in seen:
-            # JSON objects should not repeat keys; the last one wins, as json.load does.
-            notes.append(f"duplicate entry key {key!r}: kept the last occurrence")
-            entries[seen[key]] = None
-        e = build_entry(key, value, len(entries))
-        if e is None:
-            skipped.append(key)
-            continue
-        seen[key] = len(entries)
-        entries.append(e)
+        folder.add(key, value)
     if not state.saw_data:
         raise InputError(f"{path}: not a msprobe dump: no 'data' object "
                          f"(top-level keys: {', '.join(sorted(state.header)) or 'none'})")
-    entries = [e for e in entries if e is not None]
+    entries, skipped, folded = folder.finish()
+    notes: list[str] = []
+    if not folded:
+        entries = _last_of_each_key(entries, notes)
     for i, e in enumerate(entries):
         e.order = i
     hdr = state.header
@@ -57,9 +43,20 @@ def load_path(path: Path) -> Dump:
     dump = Dump(path=path, dump_dir=path.parent, fmt="msprobe",
                 task=_str(hdr.get("task")), level=_str(hdr.get("level")),
                 framework=_str(hdr.get("framework")), dump_data_dir=_str(hdr.get("dump_data_dir")),
-                entries=entries, salvage=state.salvage, notes=notes, skipped_keys=skipped)
+                entries=entries, salvage=state.salvage, notes=notes, skipped_keys=skipped, folded=folded)
     dump.construct = _read_construct(path.parent / "construct.json", dump)
     return dump
+
+
+def _last_of_each_key(entries: list[Entry], notes: list[str]) -> list[Entry]:
+    """JSON objects should not repeat keys; as with json.load, the last occurrence wins."""
+    last = {e.key: i for i, e in enumerate(entries)}
+    if len(last) == len(entries):
+        return entries
+    for i, e in enumerate(entries):
+        if last[e.key] != i:
+            notes.append(f"duplicate entry key {e.key!r}: kept the last occurrence")
+    return [e for i, e in enumerate(entries) if last[e.key] == i]
 
 
 def _str(v):

@@ -14,8 +14,6 @@ _PGRAD_RE = re.compile(r"^Module\.(?:(?P<path>.+)\.)?(?P<cls>[^.]+)\.parameters_
 # L1 APIs put the call index before the direction: Functional.linear.14.forward
 _API_RE = re.compile(r"^(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<path>.+)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
 
-_STAT_KEYS = (("Max", "max"), ("Min", "min"), ("Mean", "mean"), ("Norm", "norm"))
-
 
 def parse_key(key: str) -> tuple[str, str, str, str, int] | None:
     """Split a dump key into (kind, path, class, direction, call index), or None."""
@@ -31,14 +29,20 @@ def parse_key(key: str) -> tuple[str, str, str, str, int] | None:
     return None
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
+def stat_value(v: Any) -> float | None:
+    """A msprobe statistic as a float (None when absent or not a number)."""
+    t = type(v)
+    if t is float:
+        return v
+    if t is int:
         try:
             return float(v)
         except OverflowError:          # an integer beyond float range
             return math.inf if v > 0 else -math.inf
+    if v is None:
+        return None
+    if t is bool:
+        return float(v)
     if isinstance(v, str):
         # Some writers quote non-finite values; anything else is not a statistic.
         low = v.strip().lower()
@@ -48,9 +52,12 @@ def _num(v: Any) -> float | None:
 
 
 def _shape(v: Any) -> tuple[int, ...] | None:
-    if isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v):
-        return tuple(v)
-    return None
+    if type(v) is not list:
+        return None
+    for d in v:
+        if type(d) is not int or d < 0:
+            return None
+    return tuple(v)
 
 
 def _is_leaf(item: dict) -> bool:
@@ -59,19 +66,13 @@ def _is_leaf(item: dict) -> bool:
 
 def leaf_from_item(name: str, item: dict) -> Leaf:
     """Build a tensor :class:`Leaf` from a msprobe leaf object (missing fields become None)."""
-    leaf = Leaf(name=name)
-    dt = item.get("dtype")
-    leaf.dtype = dt if isinstance(dt, str) else None
-    leaf.shape = _shape(item.get("shape"))
-    for src, dst in _STAT_KEYS:
-        setattr(leaf, dst, _num(item.get(src)))
-    rg = item.get("requires_grad")
-    leaf.requires_grad = rg if isinstance(rg, bool) else None
-    ck = item.get("md5")
-    leaf.checksum = ck if isinstance(ck, str) else None
-    dn = item.get("data_name")
-    leaf.data_name = dn if isinstance(dn, str) else None
-    return leaf
+    # Called once per tensor of a dump (millions in a large one): one constructor call, no loops.
+    get = item.get
+    dt, rg, ck, dn = get("dtype"), get("requires_grad"), get("md5"), get("data_name")
+    return Leaf(name, dt if type(dt) is str else None, _shape(get("shape")),
+                stat_value(get("Max")), stat_value(get("Min")), stat_value(get("Mean")), stat_value(get("Norm")),
+                rg if type(rg) is bool else None, ck if type(ck) is str else None,
+                dn if type(dn) is str else None)
 
 
 def flatten(prefix: str, item: Any, out: list[Leaf]) -> None:

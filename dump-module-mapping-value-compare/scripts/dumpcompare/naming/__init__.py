@@ -47,6 +47,7 @@ class ModuleRecord:
     parts: list[str] = field(default_factory=list)
     ports: list[Port] = field(default_factory=list)
     is_wrapper: bool = False
+    calls: int = 1             # repeated calls folded into this entry
 
     @property
     def scope(self) -> str:
@@ -271,7 +272,7 @@ def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) ->
         recs.append(ModuleRecord(side, e.order, e.key, "module", e.direction, path, e.raw_path, e.cls,
                                  e.call, layer, local, role, block, fam,
                                  parts=list(rule.get("parts", [])) if rule and not is_wrapper else [],
-                                 is_wrapper=is_wrapper))
+                                 is_wrapper=is_wrapper, calls=e.n_calls))
     layers = [r.layer for r in recs if r.layer is not None and r.kind == "module"]
     last_layer = max(layers) if layers else None
     layer_roles = {(r.layer, r.role): r.cls for r in recs if r.direction == FORWARD and r.role}

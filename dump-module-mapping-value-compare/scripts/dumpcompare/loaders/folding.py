@@ -1,0 +1,184 @@
+"""Fold the repeated calls of each module into one entry whose leaves carry per-call statistics.
+
+A large dump is mostly the same modules called again and again: gradient-accumulation
+micro-batches, recomputation, repeated forwards. Naming, mapping and planning depend only on a
+module's key and the structure of its leaves, so when every call of a module has the same
+structure (leaf names, dtypes, shapes, which statistics are present, the same non-tensor
+arguments, no per-call tensor file or checksum), the calls are kept as one :class:`Entry`
+(call 0) with ``n_calls`` and each leaf's ``per_call`` statistics, and the comparison runs on
+all calls at once.
+
+A later call is checked and read without building leaves: its four statistics are taken out of
+each tensor item and what remains must equal call 0's remains (one deep comparison in C). That
+keeps loading close to the speed of the JSON parser, which matters for gigabyte dumps.
+
+Folding is all or nothing for one dump: if any module's calls differ (a prefill then decode
+steps, tensor files, checksums) or arrive out of order, every call becomes its own entry again,
+exactly as without folding, so the call-specific logic (stitching, ``@n`` points) sees the dump
+it expects.
+"""
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..records import BACKWARD, FORWARD, Entry
+from .msprobe import build_entry, parse_key, stat_value
+
+_STATS = ("Max", "Min", "Mean", "Norm")
+_NAN = math.nan
+
+
+@dataclass
+class _Group:
+    first: Entry
+    paths: list[tuple]               # per leaf of ``first``: keys from the entry to its item; () if not a tensor
+    absent: list[bool]               # 4 per leaf: which statistics call 0 lacks
+    remains: Any                     # call 0's entry with the statistics taken out
+    rows: array                      # float64, 4 per leaf per call, NaN where absent
+    orders: list[int] = field(default_factory=list)    # file positions of calls 1..n
+    raws: list = field(default_factory=list)           # calls 1..n as entries, built only on a break
+
+
+def _path(value: Any, name: str) -> tuple:
+    """Keys leading from an entry's value to the item of leaf ``name`` (list positions as ints)."""
+    keys, node = [], value
+    for seg in name.split("."):
+        k = int(seg) if type(node) is list else seg
+        node = node[k]
+        keys.append(k)
+    return tuple(keys)
+
+
+def _take_stats(value: Any, paths: list[tuple], taken: list) -> list:
+    """Pop the four statistics of every tensor item (raw, in leaf order; None for a non-tensor).
+
+    ``taken`` receives each item and its values so that :func:`_put_back` can undo this.
+    Runs once per call of every module: kept to plain loops and C-level dict operations.
+    """
+    raw: list = []
+    for keys in paths:
+        if not keys:
+            raw += (None, None, None, None)
+            continue
+        item = value
+        for k in keys:
+            item = item[k]
+        pop = item.pop
+        vals = (pop("Max", None), pop("Min", None), pop("Mean", None), pop("Norm", None))
+        taken.append((item, vals))
+        raw += vals
+    return raw
+
+
+def _numbers(raw: list) -> list:
+    return [v if type(v) is float else stat_value(v) for v in raw]
+
+
+def _put_back(taken: list) -> None:
+    for item, vals in taken:
+        item.update(zip(_STATS, vals))
+
+
+def _call_entry(first: Entry, call: int, row) -> Entry:
+    """Call ``call`` of a folded module as its own entry (its statistics from ``row``)."""
+    leaves = []
+    for i, lf in enumerate(first.leaves):
+        stats = [None if old is None else row[4 * i + j]
+                 for j, old in enumerate((lf.max, lf.min, lf.mean, lf.norm))]
+        leaves.append(replace(lf, max=stats[0], min=stats[1], mean=stats[2], norm=stats[3], per_call=None))
+    return replace(first, key=f"{first.key.rsplit('.', 1)[0]}.{call}", call=call, leaves=leaves, n_calls=1)
+
+
+class CallFolder:
+    """Receives a dump's ``(key, value)`` items in file order and builds its entries."""
+
+    def __init__(self) -> None:
+        # (file position, entry); calls > 0 of a folded module live in their group instead
+        self.kept: list[tuple[int, Entry]] = []
+        self.groups: dict[tuple, _Group] = {}
+        self.keys: set[str] = set()
+        self.skipped: list[str] = []
+        self.count = 0
+        self.broken = False
+
+    def add(self, key: str, value: Any) -> None:
+        """Take the next item of the dump's ``data`` object."""
+        parsed = parse_key(key)
+        if parsed is None or not isinstance(value, dict):
+            self.skipped.append(key)
+            return
+        order, self.count = self.count, self.count + 1
+        kind, path, cls, direction, call = parsed
+        if not self.broken and kind == "module" and direction in (FORWARD, BACKWARD):
+            base = (path, cls, direction)
+            g = self.groups.get(base)
+            if g is not None and call == len(g.orders) + 1 and key not in self.keys:
+                if self._fold_call(g, value):
+                    g.orders.append(order)
+                    self.keys.add(key)
+                    return
+            e = build_entry(key, value, order)
+            if g is None and call == 0 and key not in self.keys:
+                self._start_group(base, e, value)
+            else:
+                self._break()
+            self.keys.add(key)
+            self.kept.append((order, e))
+            return
+        self.kept.append((order, build_entry(key, value, order)))
+
+    def _start_group(self, base: tuple, e: Entry, value: dict) -> None:
+        try:
+            paths = [_path(value, lf.name) if lf.is_tensor else () for lf in e.leaves]
+        except (KeyError, IndexError, TypeError, ValueError):
+            self._break()           # a leaf name that does not lead back to its item
+            return
+        nums = _numbers(_take_stats(value, paths, []))
+        self.groups[base] = _Group(e, paths, [v is None for v in nums], value,
+                                   array("d", [_NAN if v is None else v for v in nums]))
+
+    def _fold_call(self, g: _Group, value: dict) -> bool:
+        taken: list = []
+        try:
+            nums = _numbers(_take_stats(value, g.paths, taken))
+            same = value == g.remains and [v is None for v in nums] == g.absent
+        except (KeyError, IndexError, TypeError):
+            same = False
+        if not same:
+            _put_back(taken)
+            return False
+        g.rows.extend([_NAN if v is None else v for v in nums])
+        return True
+
+    def finish(self) -> tuple[list[Entry], list[str], bool]:
+        """(entries in file order, skipped keys, folded): folded when every module's calls share a plan."""
+        entries = [e for _, e in self.kept]
+        if self.broken or all(not g.orders for g in self.groups.values()):
+            return entries, self.skipped, False
+        for g in self.groups.values():
+            if not g.orders:
+                continue
+            n = len(g.orders) + 1
+            per_call = np.frombuffer(g.rows, dtype=np.float64).reshape(n, len(g.first.leaves), 4)
+            g.first.n_calls = n
+            for i, lf in enumerate(g.first.leaves):
+                if lf.is_tensor:
+                    lf.per_call = per_call[:, i, :]
+        return entries, self.skipped, True
+
+    def _break(self) -> None:
+        """Give every folded call back its own entry, in file order, and stop folding."""
+        if self.broken:
+            return
+        self.broken = True
+        for g in self.groups.values():
+            w = len(g.first.leaves) * 4
+            self.kept += [(order, _call_entry(g.first, call, g.rows[call * w:(call + 1) * w]))
+                          for call, order in enumerate(g.orders, start=1)]
+        self.kept.sort(key=lambda oe: oe[0])
+        self.groups.clear()
