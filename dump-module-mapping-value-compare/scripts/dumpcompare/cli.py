@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import functools
 from pathlib import Path
 
 from . import documents as D
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--naming", help="YAML file extending or overriding the built-in naming profiles")
     ap.add_argument("--tolerances", help="YAML file overriding the dtype tolerances")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
+    ap.add_argument("--no-fold-calls", action="store_true",
+                    help="keep every call of a module as its own entry (one output row per call; slower on large dumps)")
     ap.add_argument("--jobs", type=_positive_int, default=None,
                     help="processes reading the dump files (default: one per core for inputs over 32 MB)")
     ap.add_argument("--quiet", action="store_true", help="print nothing but errors (no summary, no progress)")
@@ -71,7 +74,8 @@ def run(args: argparse.Namespace) -> dict:
                                    {s: getattr(args, f"{s}_rank") for s in SIDES})
     files = {s: resolve_dump_files(getattr(args, s), s, steps[s], getattr(args, f"{s}_rank")) for s in SIDES}
     say = _progress(args.quiet, files["train"] + files["rollout"])
-    loaded = load_files(files["train"] + files["rollout"], load_path, args.jobs, say)
+    loaded = load_files(files["train"] + files["rollout"], functools.partial(load_path, fold=not args.no_fold_calls),
+                        args.jobs, say)
     for s, ranks in (("train", loaded[:len(files["train"])]), ("rollout", loaded[len(files["train"]):])):
         ranks[0].notes += [n for n in step_notes if n.startswith(s)]
         fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
+    ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=int, help="processes reading the dumps, passed to the compare step")
     ap.add_argument("--reuse-outputs", action="store_true",
                     help="do not rerun the compare step; read existing output_1..4 in --out-dir")
@@ -46,8 +47,9 @@ def _compare_argv(args) -> list[str]:
         val = getattr(args, name)
         if val is not None:
             argv += [f"--{name.replace('_', '-')}", str(val)]
-    if args.statistics_only:
-        argv.append("--statistics-only")
+    for flag in ("statistics_only", "no_fold_calls"):
+        if getattr(args, flag):
+            argv.append(f"--{flag.replace('_', '-')}")
     return argv
 
 

@@ -97,6 +97,19 @@ def _results(ev: Evidence, m: dict, io: str) -> list[dict]:
     return [ev.results[p["cid"]] for p in m["points"][io] if p.get("cid") in ev.results]
 
 
+def _diverged_calls(ev: Evidence, m: dict) -> dict | None:
+    """For modules called repeatedly (folded calls): per diverged point, which calls diverged."""
+    out = {}
+    for io in ("in", "param", "out"):
+        for p in m["points"][io]:
+            calls = (ev.results.get(p.get("cid")) or {}).get("calls")
+            if calls and p["status"] in DIVERGED:
+                counts = calls.get("counts", {})
+                out[p["point"]] = {"compared": calls.get("compared"), "first_diverged": calls.get("first_diverged"),
+                                   "diverged": counts.get("mismatch", 0) + counts.get("nonfinite", 0)}
+    return out or None
+
+
 def realigns(ev: Evidence, m: dict) -> bool:
     """Rule 5: the next aligned modules after a suspect agree again."""
     i = ev.pos[m["pid"]]
@@ -176,6 +189,7 @@ def classify(ev: Evidence, m: dict) -> dict:
         "output_error_margin": max((p["margin"] for p in m["points"]["out"]
                                     if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)),
                                    default=None),
+        "diverged_calls": _diverged_calls(ev, m),
     }
     f = {"category": None, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
          "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],

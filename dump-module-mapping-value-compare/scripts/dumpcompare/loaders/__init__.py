@@ -19,12 +19,15 @@ def load_side(arg: str, side: str, step: str | None = None, rank: str | None = N
     return load_path(resolve_dump_file(arg, side, step, rank))
 
 
-def load_path(path: Path) -> Dump:
-    """Load one dump file (msprobe dump.json or the generic format), entry by entry."""
+def load_path(path: Path, fold: bool = True) -> Dump:
+    """Load one dump file (msprobe dump.json or the generic format), entry by entry.
+
+    With ``fold`` the repeated calls of a module become one entry when they can (see folding.py).
+    """
     if _looks_generic(path):
         return _load_generic(path)
     state = StreamState()
-    folder = CallFolder()
+    folder = CallFolder(fold)
     for key, value in iter_entries(path, state):
         folder.add(key, value)
     if not state.saw_data:

@@ -97,14 +97,14 @@ def _call_entry(first: Entry, call: int, row) -> Entry:
 class CallFolder:
     """Receives a dump's ``(key, value)`` items in file order and builds its entries."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         # (file position, entry); calls > 0 of a folded module live in their group instead
         self.kept: list[tuple[int, Entry]] = []
         self.groups: dict[tuple, _Group] = {}
         self.keys: set[str] = set()
         self.skipped: list[str] = []
         self.count = 0
-        self.broken = False
+        self.broken = not enabled
 
     def add(self, key: str, value: Any) -> None:
         """Take the next item of the dump's ``data`` object."""
