@@ -13,7 +13,7 @@ from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
 from .loaders import load_path
 from .loaders.discovery import resolve_dump_files
-from .loaders.parallel import load_files
+from .loaders.parallel import default_jobs, load_files
 from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
@@ -84,8 +84,10 @@ def run(args: argparse.Namespace) -> dict:
     plan = build_plan(recs["train"], recs["rollout"], namer)
     views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
-    results = Executor(views["train"], views["rollout"], tolerances,
-                       use_tensors=not args.statistics_only).run(plan.comparisons)
+    use_tensors = not args.statistics_only
+    tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)
+    results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
+                       jobs=(args.jobs or default_jobs()) if tensor_files else 1).run(plan.comparisons)
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 

@@ -13,11 +13,15 @@ from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import tensors as T
 from .layout import interleave_parts, match_grouped_qkv, size_relation, trim_padding
+from . import sources
+from .sources import Blocks, Leafsrc, block_ranges
 from .stats import ATTRS, Stats, combine, nonfinite_one_side, nonfinite_one_side_calls, stat_error_calls, stat_errors
 
 GROUPED = "megatron_grouped_qkv"
 
 _TOL_FILE = Path(__file__).with_name("tolerances.yaml")
+# Sorting both tensors to test for a permutation needs them whole: only up to this size.
+MULTISET_MAX_ELEMENTS = 1 << 24
 SEVERITY = {"match": 0, "drift": 1, "mismatch": 2, "nonfinite": 3}
 
 
@@ -123,14 +127,23 @@ def _stats_dict(s: Stats) -> dict:
 class Executor:
     """Runs planned comparisons with the tolerances and tensor access of both sides."""
 
-    def __init__(self, train: SideView, rollout: SideView, tolerances: dict, use_tensors: bool = True):
+    def __init__(self, train: SideView, rollout: SideView, tolerances: dict, use_tensors: bool = True,
+                 jobs: int = 1):
         self.t, self.r, self.tol = train, rollout, tolerances
         self.use_tensors = use_tensors
-        self._tensor_notes: dict[str, str] = {}
+        self.jobs = jobs
 
     def run(self, plans: list[PointPlan]) -> list[Result]:
-        """Execute every plan, in plan order."""
-        return [self.run_one(p) for p in plans]
+        """Execute every plan; results in plan order.
+
+        With ``jobs`` > 1 comparisons run in that many threads: reading tensor files and numpy's
+        block arithmetic release the GIL, so tensor comparisons use several cores.
+        """
+        if self.jobs <= 1 or len(plans) < 2:
+            return [self.run_one(p) for p in plans]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(self.jobs) as pool:
+            return list(pool.map(self.run_one, plans))
 
     def run_one(self, plan: PointPlan) -> Result:
         """Execute one planned comparison."""
@@ -244,56 +257,100 @@ class Executor:
                     return None
                 files = lf.shards or ((view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir),)
                 try:
-                    parts = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
+                    parts = [tensorio.load_tensor(tensorio.resolve_data_file(*f), mmap=True) for f in files]
                 except tensorio.TensorReadError as exc:
                     res.notes.append(f"tensor unavailable, statistics used instead: {exc}")
                     return None
-                arrs.append(_unshard(parts, lf.merge))
+                arrs.append(Leafsrc(parts, lf.merge))
             out.append(arrs)
         return out
 
     def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl) -> None:
-        tarrs, rarrs = tensors
         res.mode = "tensor"
         tol, strict = pair_tolerances(self.tol["tensor"]["rel_l2"], dt, dr)
         el = self.tol["tensor"]["elementwise"]
         elt = max((_tol(el, dt), _tol(el, dr)), key=lambda d: d["rtol"])
         res.tolerance, res.strict_tolerance = tol, strict
-        try:
-            t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl)
-        except ValueError as exc:
-            kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
-                            if plan.kind == "direct" else (None, None))
-            if kind == "padded_vocab":
-                t, r = trim_padding(tarrs[0], rarrs[0], detail)
-                t, r = t.astype(np.float64), r.astype(np.float64)
-                note = "padded vocabulary rows trimmed before comparing"
-            elif kind == "tp_shard":
-                res.status = "structural"
-                res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension; "
-                              "gather the shards before comparing")
-                return
-            else:
-                res.reason = str(exc)
-                return
-        if note:
-            res.notes.append(note)
-        res.train["stats"] = dict(zip(("max", "min", "mean", "norm"), T.stats_of(t)), numel=int(t.size))
-        res.rollout["stats"] = dict(zip(("max", "min", "mean", "norm"), T.stats_of(r)), numel=int(r.size))
-        fin_t, fin_r = np.isfinite(t), np.isfinite(r)
-        if (fin_t != fin_r).any():
+        acc, moments = T.Metrics(elt["rtol"], elt["atol"]), (T.Moments(), T.Moments())
+        nonfinite, notes, streamed = False, [], False
+        for tarrs, rarrs, row0, blocked in self._blocks(plan, *tensors):
+            streamed = streamed or blocked
+            try:
+                t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl, blocked)
+            except ValueError as exc:
+                kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
+                                if plan.kind == "direct" else (None, None))
+                if kind == "padded_vocab":
+                    t, r = trim_padding(tarrs[0], rarrs[0], detail)
+                    t, r = t.astype(np.float64), r.astype(np.float64)
+                    note = "padded vocabulary rows trimmed before comparing"
+                elif kind == "tp_shard":
+                    res.status = "structural"
+                    res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension; "
+                                  "gather the shards before comparing")
+                    return
+                else:
+                    res.reason = str(exc)
+                    return
+            if note and note not in notes:
+                notes.append(note)
+            # Layout steps may hand back the dump's dtype; metrics in float32 would lose 1e-8 of cosine.
+            t, r = np.asarray(t, dtype=np.float64), np.asarray(r, dtype=np.float64)
+            moments[0].add(t)
+            moments[1].add(r)
+            fin_t, fin_r = np.isfinite(t), np.isfinite(r)
+            nonfinite = nonfinite or bool((fin_t != fin_r).any())
+            acc.add(np.where(fin_t, t, 0.0), np.where(fin_r, r, 0.0), row0)
+        res.notes += notes
+        for side, mom in zip((res.train, res.rollout), moments):
+            side["stats"] = dict(zip(("max", "min", "mean", "norm"), mom.result()), numel=mom.size)
+        if streamed:
+            res.notes.append("compared block by block along the "
+                             + ("tokens" if plan.axis == "features" else "rows or columns"))
+        if nonfinite:
             res.status, res.error, res.reason = "nonfinite", math.inf, "NaN/Inf on one side only"
             return
-        m = T.metrics(np.where(fin_t, t, 0.0), np.where(fin_r, r, 0.0), elt["rtol"], elt["atol"])
+        m = acc.result()
         res.tensor_metrics = m
         res.error = m["rel_l2"]
         res.status = _grade(m["rel_l2"], tol, strict)
         if res.status == "mismatch":
-            m["multiset_equal"] = T.same_multiset(t, r, elt["rtol"], elt["atol"])
+            m["multiset_equal"] = self._multiset(plan, tensors, elt, tl, rl)
 
-    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl):
+    def _blocks(self, plan, tsrc: list[Leafsrc], rsrc: list[Leafsrc]):
+        """Yield (train arrays, rollout arrays, first row, blocked): one whole pair, or blocks."""
+        tokens = plan.axis == "features"
+        regroup = (GROUPED in (plan.train_layout, plan.rollout_layout) or _rank_groups(tsrc) > 1
+                   or _rank_groups(rsrc) > 1)
+        mode = "tokens" if tokens else "columns" if regroup else "rows"
+        sides = [Blocks(tsrc, self.t.family, mode, plan.stitched == "train"),
+                 Blocks(rsrc, self.r.family, mode, plan.stitched == "rollout")]
+        sizes = [sum(x.size for x in tsrc), sum(x.size for x in rsrc)]
+        n = sides[0].length()
+        if (max(sizes) * 8 <= sources.BLOCK_BYTES or n is None or n < 4 or n != sides[1].length()
+                or not all(b.streamable() for b in sides)):
+            yield [x.whole() for x in tsrc], [x.whole() for x in rsrc], 0, False
+            return
+        for lo, hi in block_ranges(n, 8 * max(sizes) // n):
+            yield *(b.take(lo, hi) for b in sides), 0 if mode == "columns" else lo, True
+            for b in sides:
+                b.release()
+
+    def _multiset(self, plan, tensors, elt, tl, rl) -> bool | None:
+        """Same values in another order? Needs whole tensors: skipped (None) for very large ones."""
+        if max(sum(x.size for x in side) for side in tensors) > MULTISET_MAX_ELEMENTS:
+            return None
+        try:
+            t, r, _ = self._assemble(plan, [x.whole() for x in tensors[0]], [x.whole() for x in tensors[1]],
+                                     elt, tl, rl, False)
+        except ValueError:
+            return None
+        return T.same_multiset(t, r, elt["rtol"], elt["atol"])
+
+    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl, blocked: bool):
+        """Join the parts of each side and bring both to one layout (blocks come in token form)."""
         cat_axis = 0 if plan.axis == "rows" else -1
-        if plan.axis == "features":
+        if plan.axis == "features" and not blocked:
             tarrs = [T.as_tokens(a, self.t.family) for a in tarrs]
             rarrs = [T.as_tokens(a, self.r.family) for a in rarrs]
             # Calls 0..n of one side (prefill, then decode steps) make one token sequence.
@@ -340,15 +397,6 @@ def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):
         note = (f"token counts cannot be reconciled: {plan.stitched} calls hold "
                 f"{[lf.numel for lf in many]} elements, the other side {other}")
     return (many, rl, [note]) if plan.stitched == "train" else (tl, many, [note])
-
-
-def _unshard(parts: list[np.ndarray], merge: str | None) -> np.ndarray:
-    """Rebuild one logical tensor from its rank shards (see unshard.py)."""
-    if len(parts) == 1 or merge in (None, "replicated"):
-        return parts[0]
-    if merge == "sum":
-        return np.sum(np.stack([p.astype(np.float64) for p in parts]), axis=0)
-    return np.concatenate(parts, axis=int(merge.split(":")[1]))
 
 
 def _rank_groups(leaves: list[Leaf]) -> int:

@@ -38,29 +38,86 @@ def align(t: np.ndarray, r: np.ndarray, t_family: str, r_family: str, axis: str)
     raise ValueError(f"shape conflict {tuple(t.shape)} vs {tuple(r.shape)}")
 
 
+class Metrics:
+    """Tensor metrics accumulated block by block (a whole tensor is one block).
+
+    Norms are combined with hypot (no overflow of a sum of squares), counts and dot products are
+    summed, maxima kept; ``first_token_past_tol`` is the first row, over all blocks, holding an
+    element past the element tolerance. Blocks must be float64, with NaN/Inf already zeroed.
+    """
+
+    def __init__(self, rtol: float, atol: float):
+        self.rtol, self.atol = rtol, atol
+        self.nt = self.nr = self.nd = self.dot = 0.0
+        self.max_abs = self.max_rel = np.nan
+        self.bad = self.size = 0
+        self.first_token: int | None = None
+
+    def add(self, t: np.ndarray, r: np.ndarray, row0: int = 0) -> None:
+        """Fold in one block; ``row0`` is the index of its first row in the whole tensor."""
+        d = r - t
+        self.nt = float(np.hypot(self.nt, np.linalg.norm(t)))
+        self.nr = float(np.hypot(self.nr, np.linalg.norm(r)))
+        self.nd = float(np.hypot(self.nd, np.linalg.norm(d)))
+        self.dot += float(np.dot(t.ravel(), r.ravel()))
+        bad = np.abs(d) > self.atol + self.rtol * np.abs(t)
+        bad |= np.isnan(t) != np.isnan(r)
+        if bad.any():
+            rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim >= 2 else bad
+            first = row0 + int(np.argmax(rows))
+            self.first_token = first if self.first_token is None else min(self.first_token, first)
+        self.bad += int(bad.sum())
+        self.size += int(d.size)
+        if d.size:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.abs(d) / (np.abs(t) + self.atol)
+                self.max_abs = float(np.fmax(self.max_abs, np.nanmax(np.abs(d))))
+                self.max_rel = float(np.fmax(self.max_rel, np.nanmax(rel)))
+
+    def result(self) -> dict:
+        """Cosine, relative L2, max abs/rel errors, fraction within tolerance, first bad token row."""
+        nt, nr, nd = self.nt, self.nr, self.nd
+        return {
+            "cosine": self.dot / (nt * nr) if nt > 0 and nr > 0 else (1.0 if nt == nr else 0.0),
+            "rel_l2": nd / nt if nt > 0 else (0.0 if nd == 0 else float("inf")),
+            "max_abs": self.max_abs if self.size else 0.0,
+            "max_rel": self.max_rel if self.size else 0.0,
+            "frac_within_tol": 1.0 - self.bad / self.size if self.size else 1.0,
+            "first_token_past_tol": self.first_token,
+        }
+
+
 def metrics(t: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> dict:
-    """Cosine, relative L2, max abs/rel errors, fraction within tolerance, first bad token row."""
-    d = r - t
-    nt = float(np.linalg.norm(t))
-    nr = float(np.linalg.norm(r))
-    nd = float(np.linalg.norm(d))
-    cos = float(np.dot(t.ravel(), r.ravel()) / (nt * nr)) if nt > 0 and nr > 0 else (1.0 if nt == nr else 0.0)
-    bad = np.abs(d) > atol + rtol * np.abs(t)
-    bad |= np.isnan(t) != np.isnan(r)
-    first_token = None
-    if bad.any():
-        rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim >= 2 else bad
-        first_token = int(np.argmax(rows))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.abs(d) / (np.abs(t) + atol)
-    return {
-        "cosine": cos,
-        "rel_l2": nd / nt if nt > 0 else (0.0 if nd == 0 else float("inf")),
-        "max_abs": float(np.nanmax(np.abs(d))) if d.size else 0.0,
-        "max_rel": float(np.nanmax(rel)) if rel.size else 0.0,
-        "frac_within_tol": float(1.0 - bad.mean()) if bad.size else 1.0,
-        "first_token_past_tol": first_token,
-    }
+    """Metrics of two whole aligned tensors (see :class:`Metrics`)."""
+    m = Metrics(rtol, atol)
+    m.add(t, r)
+    return m.result()
+
+
+class Moments:
+    """Max, Min, Mean and Norm of a tensor accumulated block by block (as msprobe computes them)."""
+
+    def __init__(self):
+        self.max = self.min = None
+        self.sum = self.norm = 0.0
+        self.size = 0
+
+    def add(self, a: np.ndarray) -> None:
+        """Fold in one block."""
+        if not a.size:
+            return
+        mx, mn = float(a.max()), float(a.min())
+        self.max = mx if self.max is None else float(np.maximum(self.max, mx))
+        self.min = mn if self.min is None else float(np.minimum(self.min, mn))
+        self.sum += float(a.sum())
+        self.norm = float(np.hypot(self.norm, np.linalg.norm(a.ravel())))
+        self.size += int(a.size)
+
+    def result(self) -> tuple[float, float, float, float]:
+        """(max, min, mean, norm); NaN for an empty tensor."""
+        if not self.size:
+            return (float("nan"),) * 4
+        return self.max, self.min, self.sum / self.size, self.norm
 
 
 def same_multiset(t: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> bool:
@@ -73,6 +130,6 @@ def same_multiset(t: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> boo
 
 def stats_of(a: np.ndarray) -> tuple[float, float, float, float]:
     """Max, Min, Mean, Norm of an array (as msprobe computes them)."""
-    if a.size == 0:
-        return (float("nan"),) * 4
-    return float(a.max()), float(a.min()), float(a.mean()), float(np.linalg.norm(a.ravel()))
+    m = Moments()
+    m.add(a)
+    return m.result()
