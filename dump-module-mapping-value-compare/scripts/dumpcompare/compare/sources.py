@@ -18,7 +18,7 @@ import numpy as np
 from .tensors import BATCH_SEQ, SEQ_BATCH
 
 # Float64 bytes of one side above which a comparison is streamed in blocks of about this size.
-BLOCK_BYTES = 64 << 20
+BLOCK_BYTES = 16 << 20
 
 
 @dataclass

@@ -56,23 +56,28 @@ class Metrics:
     def add(self, t: np.ndarray, r: np.ndarray, row0: int = 0) -> None:
         """Fold in one block; ``row0`` is the index of its first row in the whole tensor."""
         d = r - t
+        ad = np.abs(d)
+        at = np.abs(t)
         self.nt = float(np.hypot(self.nt, np.linalg.norm(t)))
         self.nr = float(np.hypot(self.nr, np.linalg.norm(r)))
-        self.nd = float(np.hypot(self.nd, np.linalg.norm(d)))
+        nd = float(np.linalg.norm(d))
+        self.nd = float(np.hypot(self.nd, nd))
         self.dot += float(np.dot(t.ravel(), r.ravel()))
-        bad = np.abs(d) > self.atol + self.rtol * np.abs(t)
-        bad |= np.isnan(t) != np.isnan(r)
+        bad = ad > self.atol + self.rtol * at
+        if np.isnan(nd):
+            # NaN on one side only is an element past tolerance; NaN on both is not.
+            bad |= np.isnan(t) != np.isnan(r)
         if bad.any():
             rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim >= 2 else bad
             first = row0 + int(np.argmax(rows))
             self.first_token = first if self.first_token is None else min(self.first_token, first)
-        self.bad += int(bad.sum())
+        self.bad += int(np.count_nonzero(bad))
         self.size += int(d.size)
         if d.size:
+            at += self.atol
             with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.abs(d) / (np.abs(t) + self.atol)
-                self.max_abs = float(np.fmax(self.max_abs, np.nanmax(np.abs(d))))
-                self.max_rel = float(np.fmax(self.max_rel, np.nanmax(rel)))
+                self.max_abs = float(np.fmax(self.max_abs, np.nanmax(ad)))
+                self.max_rel = float(np.fmax(self.max_rel, np.nanmax(np.divide(ad, at, out=at))))
 
     def result(self) -> dict:
         """Cosine, relative L2, max abs/rel errors, fraction within tolerance, first bad token row."""
