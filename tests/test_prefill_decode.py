@@ -52,3 +52,52 @@ def test_train_on_the_prompt_only_is_compared_with_the_prefill(tmp_path):
     docs = _run(tmp_path, "statistics", train_cfg=replace(CFG, seq_len=PREFILL))
     r = _result(docs, "L1.attn_norm_out")
     assert r["status"] == "match" and any("first call" in n for n in r["notes"])
+
+
+def _write_steps(root, entries, task):
+    """Each call in its own step folder as call 0, as msprobe writes one step per execute_model."""
+    by_call = {}
+    for e in entries:
+        n = int(e.key.rsplit(".", 1)[1])
+        e.key = e.key.rsplit(".", 1)[0] + ".0"
+        e.parent = e.parent.rsplit(".", 1)[0] + ".0" if e.parent else None
+        by_call.setdefault(n, []).append(e)
+    for n, es in by_call.items():
+        write_dump(root / f"step{n}" / "rank0", es, task=task)
+
+
+def _run_steps(tmp_path, task, rollout_faults=(), extra=()):
+    w = init_weights(CFG)
+    write_dump(tmp_path / "train", run_side(CFG, "hf", (), grad=True, weights=w), task=task)
+    full = run_side(CFG, "vllm", rollout_faults, weights=w)
+    _write_steps(tmp_path / "rollout", split_prefill_decode(full, CFG.seq_len, PREFILL), task)
+    out = tmp_path / "out"
+    assert rootcause_main(["--train", str(tmp_path / "train"), "--rollout", str(tmp_path / "rollout"),
+                           "--out-dir", str(out), "--quiet", *extra]) == 0
+    return {n: json.loads((out / f"output_{n}.json").read_text())
+            for n in ("1_key_mapping", "2_mapping", "3_value_compare", "5_root_cause_report")}
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_decode_steps_in_their_own_step_folders_are_joined(tmp_path, task):
+    docs = _run_steps(tmp_path, task)
+    notes = docs["1_key_mapping"]["sources"]["rollout"]["notes"]
+    steps = [str(n) for n in range(1 + CFG.seq_len - PREFILL)]
+    assert any(n.startswith(f"rollout steps {', '.join(steps)} joined") for n in notes)
+    assert docs["5_root_cause_report"]["verdict"] == "no_credible_divergence"
+    r = _result(docs, "L1.q+L1.k+L1.v")
+    assert r["status"] == "match" and len(r["rollout"]["keys"]) == len(steps)
+
+
+def test_a_fault_is_found_through_joined_decode_steps(tmp_path):
+    docs = _run_steps(tmp_path, "statistics", rollout_faults=(F.CorruptWeight("rollout", "down", 1),))
+    rc = docs["5_root_cause_report"]["root_causes"][0]
+    assert (rc["category"], rc["rollout_module"]) == ("parameter_or_checkpoint_issue", "model.layers.1.mlp.down_proj")
+
+
+def test_a_step_range_can_be_pinned(tmp_path):
+    last = CFG.seq_len - PREFILL
+    docs = _run_steps(tmp_path, "statistics", extra=("--rollout-step", f"0-{last}"))
+    notes = docs["1_key_mapping"]["sources"]["rollout"]["notes"]
+    assert any(n.startswith("steps 0, 1") and "joined as calls" in n for n in notes)
+    assert docs["5_root_cause_report"]["verdict"] == "no_credible_divergence"

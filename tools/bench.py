@@ -456,13 +456,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tensor-hidden", type=int, default=None,
                     help="hidden size of the tensor pair (default 1024; 128 with --quick)")
     ap.add_argument("--tensor-layers", type=int, default=None,
-                    help="layers of the tensor pair (default 4; 2 with --quick)")
+                    help="layers of the tensor pair (default 2; 2 with --quick)")
     ap.add_argument("--tensor-intermediate", type=int, default=None,
                     help="default 2.75 x hidden")
     ap.add_argument("--tensor-seq-len", type=int, default=None,
-                    help="tokens of the tensor pair (default 128; 16 with --quick)")
+                    help="tokens of the tensor pair (default 1024; 16 with --quick)")
     ap.add_argument("--tensor-vocab", type=int, default=None,
-                    help="vocabulary of the tensor pair (default 4096; 256 with --quick)")
+                    help="vocabulary of the tensor pair (default 65536: ~2.3 GB of tensors, 268 MB logits per side; 256 with --quick)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -470,9 +470,9 @@ def main(argv=None) -> int:
     args.size_mb = args.size_mb if args.size_mb is not None else (50.0 if q else 1024.0)
     args.repeat = args.repeat if args.repeat is not None else (1 if q else 3)
     args.tensor_hidden = args.tensor_hidden or (128 if q else 1024)
-    args.tensor_layers = args.tensor_layers or (2 if q else 4)
-    args.tensor_seq_len = args.tensor_seq_len or (16 if q else 128)
-    args.tensor_vocab = args.tensor_vocab or (256 if q else 4096)
+    args.tensor_layers = args.tensor_layers or 2
+    args.tensor_seq_len = args.tensor_seq_len or (16 if q else 1024)
+    args.tensor_vocab = args.tensor_vocab or (256 if q else 65536)
     stages = {s.strip() for s in args.stages.split(",") if s.strip()}
     unknown = stages - set(STAGES)
     if unknown:

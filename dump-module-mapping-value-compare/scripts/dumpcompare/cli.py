@@ -13,6 +13,7 @@ from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
 from .loaders import load_path
 from .loaders.discovery import resolve_dump_files
+from .loaders.joining import join_steps
 from .loaders.parallel import default_jobs, load_files
 from .loaders.pairing import pair_steps
 from .mapping import build_plan
@@ -72,11 +73,20 @@ def run(args: argparse.Namespace) -> dict:
     steps, step_notes = pair_steps(args.train, args.rollout,
                                    {s: getattr(args, f"{s}_step") for s in SIDES},
                                    {s: getattr(args, f"{s}_rank") for s in SIDES})
-    files = {s: resolve_dump_files(getattr(args, s), s, steps[s], getattr(args, f"{s}_rank")) for s in SIDES}
-    say = _progress(args.quiet, files["train"] + files["rollout"])
-    loaded = load_files(files["train"] + files["rollout"], functools.partial(load_path, fold=not args.no_fold_calls),
-                        args.jobs, say)
-    for s, ranks in (("train", loaded[:len(files["train"])]), ("rollout", loaded[len(files["train"]):])):
+    chains = {s: steps[s] if isinstance(steps[s], list) else [steps[s]] for s in SIDES}
+    files = {s: [resolve_dump_files(getattr(args, s), s, step, getattr(args, f"{s}_rank")) for step in chains[s]]
+             for s in SIDES}
+    flat = [f for s in SIDES for per_step in files[s] for f in per_step]
+    say = _progress(args.quiet, flat)
+    # Joined steps are renumbered call by call, so their calls are not folded.
+    fold = not args.no_fold_calls and not any(len(chains[s]) > 1 for s in SIDES)
+    loaded = iter(load_files(flat, functools.partial(load_path, fold=fold), args.jobs, say))
+    for s in SIDES:
+        per_step = [[next(loaded) for _ in f] for f in files[s]]
+        if len({len(r) for r in per_step}) != 1:
+            raise InputError(f"{getattr(args, s)}: the joined steps {', '.join(chains[s])} hold different "
+                             f"numbers of ranks")
+        ranks = [join_steps(list(by_rank), chains[s]) for by_rank in zip(*per_step)]
         ranks[0].notes += [n for n in step_notes if n.startswith(s)]
         fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))
         dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})

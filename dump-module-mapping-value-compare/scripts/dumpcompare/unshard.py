@@ -55,8 +55,9 @@ def merge_rule(rec: ModuleRecord, leaf: str, group: list[Leaf], rules: dict) -> 
 
 def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
     first = group[0]
-    files = tuple((d.dump_dir, g.data_name, d.dump_data_dir) for d, g in zip(dumps, group)) \
-        if all(g.data_name for g in group) else None
+    # A leaf of a joined step already names its own folder (loaders/joining.py).
+    files = tuple(g.shards[0] if g.shards else (d.dump_dir, g.data_name, d.dump_data_dir)
+                  for d, g in zip(dumps, group)) if all(g.data_name for g in group) else None
     if rule == "replicated":
         return replace(first, merge=rule)
     if rule == "sum":
