@@ -86,3 +86,11 @@ def test_unequal_call_counts_compare_the_common_calls(tmp_path):
     assert (r["calls"]["train"], r["calls"]["rollout"], r["calls"]["compared"]) == (3, 2, 2)
     assert any("the first 2 are compared" in n for n in r["notes"])
     assert docs["5_root_cause_report"]["verdict"] == "no_credible_divergence"
+
+
+def test_one_rollout_call_against_folded_train_calls_grades_that_call(tmp_path):
+    rollout = _passes("vllm", faults_at={0: (F.CorruptWeight("rollout", "down", 1),)}, n=1)
+    docs = _run(tmp_path, _passes("hf", grad=True, n=3), rollout)
+    r = _result(docs, "L1.down.weight")
+    assert r["status"] == "mismatch"
+    assert (r["calls"]["compared"], r["calls"]["counts"], r["calls"]["first_diverged"]) == (1, {"mismatch": 1}, 0)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
-import functools
 from pathlib import Path
 
 from . import documents as D

@@ -183,18 +183,15 @@ class Executor:
 
     # -- statistics ---------------------------------------------------------------------
     def _pick_call(self, res: Result, ts: Stats, rs: Stats, kt: int, kr: int, k: int, dt, dr):
-        """Grade every call of folded modules; the worst call is the one reported and judged."""
-        if k == 1:
-            sev = np.zeros(1, dtype=int)
-        else:
-            tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
-            per_call = stat_error_calls(ts, rs)
-            err = per_call["scaled_error"]
-            with np.errstate(invalid="ignore"):
-                sev = np.select([nonfinite_one_side_calls(ts, rs), np.isnan(err), ~(err <= tol), err > strict],
-                                [3, -1, 2, 1], 0)
-            if ts.numel == 0 and rs.numel == 0:
-                sev[:] = 0
+        """Grade every compared call of folded modules; the worst call is the one reported and judged."""
+        tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
+        per_call = stat_error_calls(ts, rs)
+        err = per_call["scaled_error"]
+        with np.errstate(invalid="ignore"):
+            sev = np.select([nonfinite_one_side_calls(ts, rs), np.isnan(err), ~(err <= tol), err > strict],
+                            [3, -1, 2, 1], 0)
+        if ts.numel == 0 and rs.numel == 0:
+            sev[:] = 0
         # The most severe call, and of those the first: it is what output_3 shows and judges.
         worst = int(np.flatnonzero(sev == sev.max())[0])
         bad = np.flatnonzero(sev >= 2)
@@ -205,10 +202,8 @@ class Executor:
                                  ("incomparable", -1)) if (sev == code).any()}}
         if kt != kr:
             res.notes.append(f"train has {kt} calls, rollout {kr}: the first {k} are compared call by call")
-        if k == 1:
-            return ts, rs, None
         errors = {name: None if math.isnan(v[worst]) else float(v[worst]) for name, v in per_call.items()}
-        return _at(ts, worst), _at(rs, worst), errors
+        return (_at(ts, worst), _at(rs, worst), errors) if k > 1 else (ts, rs, errors)
 
     def _judge_stats(self, plan, res: Result, ts: Stats, rs: Stats, dt, dr, errors: dict | None = None) -> None:
         tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
