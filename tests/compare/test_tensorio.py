@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.tensorio import (TensorReadError, load_tensor, resolve_data_file, save_pt,
-                                  source_dtype)
+from dumpcompare.tensorio import (TensorReadError, load_tensor, open_tensor, resolve_data_file, save_pt,
+                                  source_dtype, widen_bf16)
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PT_DIR = DATA / "pt"
@@ -88,6 +88,39 @@ def test_fixture_reads_back_exactly(name):
     assert_bitwise_equal(array, expected_array(entry))
     assert array.flags.c_contiguous and array.flags.writeable
     assert source_dtype(PT_DIR / name) == entry["dtype"]
+
+
+def _mapped(array) -> bool:
+    while array is not None and not hasattr(array, "_mmap"):
+        array = getattr(array, "base", None)
+    return array is not None
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED["files"]))
+def test_open_tensor_maps_real_torch_files_and_reads_the_same_values(name):
+    array, raw_bf16 = open_tensor(PT_DIR / name)
+    values = widen_bf16(array) if raw_bf16 else np.asarray(array)
+    assert_bitwise_equal(values, load_tensor(PT_DIR / name))
+    entry = EXPECTED["files"][name]
+    if entry["dtype"] != "bool" and 0 not in entry["shape"]:    # empty storages are not mapped
+        assert raw_bf16 == (entry["dtype"] == "bfloat16")
+        assert _mapped(array) and not array.flags.writeable
+
+
+def test_open_tensor_reads_a_compressed_member_into_memory(tmp_path):
+    src = PT_DIR / "dtype_float32.pt"
+    dst = write_zip(tmp_path / "c.pt", zip_members(src), compression=zipfile.ZIP_DEFLATED)
+    array, raw = open_tensor(dst)
+    assert not raw and not _mapped(array)
+    assert_bitwise_equal(array, load_tensor(src))
+
+
+def test_open_tensor_refuses_a_storage_shorter_than_the_pickle_says(tmp_path):
+    src = PT_DIR / "dtype_float32.pt"
+    short = rewrite_members(src, tmp_path / "s.pt", {"data/0": zip_members(src)[
+        next(n for n in zip_members(src) if n.endswith("/data/0"))][:4]})
+    with pytest.raises(TensorReadError, match="the pickle declares"):
+        open_tensor(short)
 
 
 def test_fixtures_cover_every_dtype_and_odd_shape():

@@ -21,7 +21,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-__all__ = ["TensorReadError", "resolve_data_file", "load_tensor", "save_pt", "source_dtype"]
+__all__ = ["TensorReadError", "resolve_data_file", "load_tensor", "open_tensor", "widen_bf16", "save_pt",
+           "source_dtype"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -275,6 +276,36 @@ class _PtArchive:
         """The unpickled content of data.pkl, tensors as _TensorRef."""
         return _RestrictedUnpickler(io.BytesIO(self._read(self._prefix + "data.pkl"))).load()
 
+    def mapped(self, path: Path, ref: _TensorRef) -> np.ndarray | None:
+        """A read-only memory map of a tensor's elements in the file (bf16 still raw), or None
+        when the member is compressed, big-endian or bool (then read it with :meth:`values`)."""
+        name = f"{self._prefix}data/{ref.storage.key}"
+        try:
+            info = self._zf.getinfo(name)
+        except KeyError:
+            raise _FormatError(f"missing zip member {name}") from None
+        if info.compress_type != zipfile.ZIP_STORED or self._byte_order != "<" or ref.dtype.name == "bool":
+            return None
+        if info.file_size != ref.storage.nbytes:
+            raise _FormatError(f"zip member {name} holds {info.file_size} bytes, "
+                               f"the pickle declares {ref.storage.nbytes}")
+        with open(path, "rb") as fh:
+            fh.seek(info.header_offset)
+            header = fh.read(30)
+        if len(header) != 30 or header[:4] != _ZIP_MAGIC:
+            raise _FormatError(f"zip member {name}: bad local header")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        start = info.header_offset + 30 + name_len + extra_len
+        if start + info.file_size > self._file_size:
+            raise _FormatError(f"zip member {name} runs past the end of the file")
+        if not info.file_size:
+            return None
+        storage = np.memmap(path, dtype=np.dtype(ref.dtype.code), mode="r", offset=start,
+                            shape=(info.file_size // ref.dtype.itemsize,))
+        return np.lib.stride_tricks.as_strided(
+            storage[ref.offset:], shape=ref.size,
+            strides=tuple(x * storage.itemsize for x in ref.stride), writeable=False)
+
     def values(self, ref: _TensorRef) -> np.ndarray:
         """A tensor's elements as a new C-contiguous array in native byte order (bf16 still raw)."""
         raw = self._read(f"{self._prefix}data/{ref.storage.key}", ref.storage.nbytes)
@@ -298,10 +329,7 @@ def _single_tensor(obj) -> _TensorRef:
 def _to_host_dtype(values: np.ndarray, dtype: _DType) -> np.ndarray:
     # In-place and astype operations keep 0-d arrays arrays; operators would make numpy scalars.
     if dtype.name == "bfloat16":
-        # bf16 is the upper half of a float32, so shifting the bits back widens it exactly.
-        wide = values.astype(np.uint32)
-        wide <<= 16
-        return wide.view(np.float32)
+        return widen_bf16(values)
     if dtype.name == "bool":
         return values.view(np.uint8).astype(bool)  # any nonzero byte reads as True, as in torch
     return values
@@ -354,6 +382,30 @@ def load_tensor(path: Path, mmap: bool = False) -> np.ndarray:
     """
     return _read_guarded(path, lambda p: _load_npy(p, mmap),
                          lambda archive, ref: _to_host_dtype(archive.values(ref), ref.dtype))
+
+
+def open_tensor(path: Path) -> tuple[np.ndarray, bool]:
+    """Open a tensor file for reading in blocks: ``(array, raw_bf16)``.
+
+    ``.npy`` files and uncompressed ``.pt`` storages are memory-mapped, so only what is read is
+    loaded; a bfloat16 tensor comes back as its raw uint16 bits with ``raw_bf16`` True (widen
+    what you read with :func:`widen_bf16`). Other ``.pt`` tensors are read as by load_tensor.
+    Raises TensorReadError like load_tensor.
+    """
+    def on_pt(archive, ref):
+        arr = archive.mapped(Path(path), ref)
+        if arr is None:
+            return _to_host_dtype(archive.values(ref), ref.dtype), False
+        return arr, ref.dtype.name == "bfloat16"
+
+    return _read_guarded(path, lambda p: (_load_npy(p, True), False), on_pt)
+
+
+def widen_bf16(bits: np.ndarray) -> np.ndarray:
+    """float32 values of raw bfloat16 bits (exact: bf16 is the upper half of a float32)."""
+    wide = np.asarray(bits, dtype=np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
 
 
 def source_dtype(path: Path) -> str:

@@ -252,11 +252,13 @@ class Executor:
                     return None
                 files = lf.shards or ((view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir),)
                 try:
-                    parts = [tensorio.load_tensor(tensorio.resolve_data_file(*f), mmap=True) for f in files]
+                    opened = [tensorio.open_tensor(tensorio.resolve_data_file(*f)) for f in files]
                 except tensorio.TensorReadError as exc:
                     res.notes.append(f"tensor unavailable, statistics used instead: {exc}")
                     return None
-                arrs.append(Leafsrc(parts, lf.merge))
+                if len({raw for _, raw in opened}) > 1:       # ranks stored in different dtypes
+                    opened = [(tensorio.widen_bf16(a) if raw else a, False) for a, raw in opened]
+                arrs.append(Leafsrc([a for a, _ in opened], lf.merge, opened[0][1]))
             out.append(arrs)
         return out
 

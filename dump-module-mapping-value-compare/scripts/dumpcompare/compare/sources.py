@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..tensorio import widen_bf16
 from .tensors import BATCH_SEQ, SEQ_BATCH
 
 # Float64 bytes of one side above which a comparison is streamed in blocks of about this size.
@@ -23,9 +24,17 @@ BLOCK_BYTES = 16 << 20
 
 @dataclass
 class Leafsrc:
-    """One leaf's tensor: the arrays of its rank files (memory-mapped when possible) and how they merge."""
+    """One leaf's tensor: the arrays of its rank files (memory-mapped when possible) and how they merge.
+
+    ``raw_bf16`` marks shards holding raw bfloat16 bits (tensorio.open_tensor), widened when read.
+    """
     shards: list[np.ndarray]
     merge: str | None = None
+    raw_bf16: bool = False
+
+    def read(self, a: np.ndarray) -> np.ndarray:
+        """Values of (a view of) one shard as float64."""
+        return np.asarray(widen_bf16(a) if self.raw_bf16 else a, dtype=np.float64)
 
     @property
     def size(self) -> int:
@@ -36,18 +45,18 @@ class Leafsrc:
         """Drop the pages of memory-mapped shards that a block read (they stay in the page cache)."""
         for a in self.shards:
             while a is not None and not isinstance(getattr(a, "_mmap", None), mmap.mmap):
-                a = a.base if isinstance(a, np.ndarray) else None
+                a = getattr(a, "base", None)
             if a is not None and hasattr(mmap, "MADV_DONTNEED"):
                 a._mmap.madvise(mmap.MADV_DONTNEED)
 
     def whole(self) -> np.ndarray:
         """The merged tensor in memory (sums in float64, as the shards' sum may not fit their dtype)."""
-        parts = self.shards
+        parts = [widen_bf16(p) if self.raw_bf16 else np.asarray(p) for p in self.shards]
         if len(parts) == 1 or self.merge in (None, "replicated"):
-            return np.asarray(parts[0])
+            return parts[0]
         if self.merge == "sum":
-            return np.sum(np.stack([np.asarray(p, dtype=np.float64) for p in parts]), axis=0)
-        return np.concatenate([np.asarray(p) for p in parts], axis=int(self.merge.split(":")[1]))
+            return np.sum(np.stack([p.astype(np.float64) for p in parts]), axis=0)
+        return np.concatenate(parts, axis=int(self.merge.split(":")[1]))
 
 
 def token_form(a: np.ndarray, family: str) -> np.ndarray:
@@ -138,21 +147,20 @@ class Blocks:
         how = self._rank_axis(lf)
         if how == "block":
             n = self._len(lf) // len(lf.shards)
-            return _cat([self._slice(s, max(lo - i * n, 0), min(hi - i * n, n))
+            return _cat([self._slice(lf, s, max(lo - i * n, 0), min(hi - i * n, n))
                          for i, s in enumerate(lf.shards) if lo < (i + 1) * n and hi > i * n], self.mode)
         if lf.merge == "sum" and len(lf.shards) > 1:
-            return np.sum(np.stack([self._slice(s, lo, hi) for s in lf.shards]), axis=0)
+            return np.sum(np.stack([self._slice(lf, s, lo, hi) for s in lf.shards]), axis=0)
         if how is None:
-            return self._slice(lf.shards[0], lo, hi)
-        return np.concatenate([self._slice(s, lo, hi) for s in lf.shards], axis=how)
+            return self._slice(lf, lf.shards[0], lo, hi)
+        return np.concatenate([self._slice(lf, s, lo, hi) for s in lf.shards], axis=how)
 
-    def _slice(self, a: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    def _slice(self, lf: Leafsrc, a: np.ndarray, lo: int, hi: int) -> np.ndarray:
         if self.tokens:
-            t = token_form(a, self.family)[lo:hi]
-            return np.asarray(t, dtype=np.float64).reshape(hi - lo, -1)
+            return lf.read(token_form(a, self.family)[lo:hi]).reshape(hi - lo, -1)
         if self.mode == "rows":
-            return np.asarray(a[lo:hi], dtype=np.float64)
-        return np.asarray(a[..., lo:hi], dtype=np.float64)
+            return lf.read(a[lo:hi])
+        return lf.read(a[..., lo:hi])
 
 
 def _cat(blocks: list[np.ndarray], mode: str) -> np.ndarray:
