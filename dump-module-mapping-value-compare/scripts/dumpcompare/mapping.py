@@ -165,8 +165,8 @@ def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list
         tr, ro = sides["train"][pair.train[0]], sides["rollout"][pair.rollout[0]]
         tports = {p.point: p for p in tr.ports}
         rports = {p.point: p for p in ro.ports}
-        for point in tports.keys() & rports.keys():
-            if point in stitched:
+        for point in tports:                 # in port order: outputs must not depend on hashing
+            if point not in rports or point in stitched:
                 continue
             t, r = tports[point], rports[point]
             mine = ([(tr.index, t.leaf)], [(ro.index, r.leaf)])

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,14 +138,19 @@ class Executor:
     def run(self, plans: list[PointPlan]) -> list[Result]:
         """Execute every plan; results in plan order.
 
-        With ``jobs`` > 1 comparisons run in that many threads: reading tensor files and numpy's
-        block arithmetic release the GIL, so tensor comparisons use several cores.
+        With ``jobs`` > 1 (tensor files present) the comparisons are spread over that many forked
+        processes (threads gained nothing: much of a block's work holds the GIL). Each process
+        reads its own blocks, so memory grows by one block budget per job.
         """
-        if self.jobs <= 1 or len(plans) < 2:
+        if self.jobs <= 1 or len(plans) < 2 or "fork" not in multiprocessing.get_all_start_methods():
             return [self.run_one(p) for p in plans]
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(self.jobs) as pool:
-            return list(pool.map(self.run_one, plans))
+        global _FORKED
+        _FORKED = (self, plans)
+        try:
+            with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                return list(pool.map(_run_forked, range(len(plans))))
+        finally:
+            _FORKED = None
 
     def run_one(self, plan: PointPlan) -> Result:
         """Execute one planned comparison."""
@@ -381,6 +388,15 @@ class Executor:
         fam_t = "vllm" if plan.axis == "features" else self.t.family
         fam_r = "vllm" if plan.axis == "features" else self.r.family
         return T.align(t, r, fam_t, fam_r, plan.axis)
+
+
+# The executor and plans a forked worker inherits (set only while Executor.run spreads work).
+_FORKED: tuple | None = None
+
+
+def _run_forked(i: int) -> Result:
+    executor, plans = _FORKED
+    return executor.run_one(plans[i])
 
 
 def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):

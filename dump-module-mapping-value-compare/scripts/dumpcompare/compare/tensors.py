@@ -1,6 +1,8 @@
 """Tensor-mode comparison: align layouts, then cosine, relative L2 and element errors."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 TOKEN_FIRST = {"vllm", "sglang"}      # [tokens, ...]
@@ -38,6 +40,12 @@ def align(t: np.ndarray, r: np.ndarray, t_family: str, r_family: str, axis: str)
     raise ValueError(f"shape conflict {tuple(t.shape)} vs {tuple(r.shape)}")
 
 
+def _norm(a: np.ndarray) -> float:
+    """L2 norm without BLAS: BLAS threads would fight the worker processes for the cores."""
+    flat = a.ravel()
+    return math.sqrt(float(np.einsum("i,i->", flat, flat)))
+
+
 class Metrics:
     """Tensor metrics accumulated block by block (a whole tensor is one block).
 
@@ -58,11 +66,11 @@ class Metrics:
         d = r - t
         ad = np.abs(d)
         at = np.abs(t)
-        self.nt = float(np.hypot(self.nt, np.linalg.norm(t)))
-        self.nr = float(np.hypot(self.nr, np.linalg.norm(r)))
-        nd = float(np.linalg.norm(d))
+        self.nt = float(np.hypot(self.nt, _norm(t)))
+        self.nr = float(np.hypot(self.nr, _norm(r)))
+        nd = _norm(d)
         self.nd = float(np.hypot(self.nd, nd))
-        self.dot += float(np.dot(t.ravel(), r.ravel()))
+        self.dot += float(np.einsum("i,i->", t.ravel(), r.ravel()))
         bad = ad > self.atol + self.rtol * at
         if np.isnan(nd):
             # NaN on one side only is an element past tolerance; NaN on both is not.
@@ -115,7 +123,7 @@ class Moments:
         self.max = mx if self.max is None else float(np.maximum(self.max, mx))
         self.min = mn if self.min is None else float(np.minimum(self.min, mn))
         self.sum += float(a.sum())
-        self.norm = float(np.hypot(self.norm, np.linalg.norm(a.ravel())))
+        self.norm = float(np.hypot(self.norm, _norm(a)))
         self.size += int(a.size)
 
     def result(self) -> tuple[float, float, float, float]:
