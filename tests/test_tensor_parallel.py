@@ -55,6 +55,9 @@ def test_tp1_vs_tp2_clean_pair_has_no_divergence(tmp_path, task):
     for point in ("L1.q+L1.k+L1.v", "L1.gate+L1.up", "L1.act_out", "L1.attn_core_out",
                   "L1.down.weight", "M.embed.weight"):
         assert _result(docs, point)["status"] == "match", point
+    # The rule used for each leaf is recorded with the comparison.
+    assert _result(docs, "L1.down.weight")["rollout"]["merges"] == ["concat:1"]
+    assert _result(docs, "L1.attn_core_out")["train"]["merges"] == [None]
     if task == "tensor":
         assert _result(docs, "L1.q+L1.k+L1.v")["tensor_metrics"]["cosine"] > 0.999999
 

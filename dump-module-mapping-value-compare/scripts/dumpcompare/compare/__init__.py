@@ -119,6 +119,8 @@ def _describe(view: SideView, carriers: list[Carrier], leaves: list[Leaf | None]
         "leaves": [c.leaf for c in carriers],
         "dtypes": [lf.dtype if lf else None for lf in leaves],
         "shapes": [list(lf.shape) if lf and lf.shape is not None else None for lf in leaves],
+        # How tensor-parallel ranks were joined into each leaf (unshard.py); null: one rank.
+        "merges": [lf.merge if lf else None for lf in leaves],
     }
 
 
