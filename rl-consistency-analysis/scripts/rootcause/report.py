@@ -14,6 +14,8 @@ from .evidence import Evidence
 from .triage import Triage
 
 SCHEMA_VERSION = "1.0"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 REPORT = "output_5_root_cause_report.json"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
@@ -55,6 +57,7 @@ def write(out_dir: Path, doc: dict) -> Path:
     path = out_dir / REPORT
     fd, tmp = tempfile.mkstemp(prefix=f".{REPORT}.", suffix=".tmp", dir=out_dir)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp makes 0600; the report is an ordinary file
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             json.dump(_clean(doc), fh, indent=1, ensure_ascii=False, allow_nan=False)
             fh.write("\n")
