@@ -382,6 +382,8 @@ def build_bases(where: Path) -> dict[str, Base]:
     copy_sample("llama_tensor", "llama_L0_tensor", "llama_L0_tensor", True)
     cc = "consistent_check_fsdp_vs_vllm_synthetic"
     copy_sample("fsdp_vllm", f"{cc}/train", f"{cc}/rollout_bug", False)
+    calls = "llama_L0_statistics_3calls"          # repeated calls: the folding loader
+    copy_sample("llama_calls", f"{calls}/clean", f"{calls}/updated", False)
 
     cfg = synth.Config(**TINY)
     from synth import faults as F
@@ -1519,7 +1521,7 @@ def warm_bytecode(prefix: Path) -> None:
 def build_bases_index(base_dir: Path) -> dict[str, Base]:
     """Describe the bases already written under ``base_dir`` (see build_bases)."""
     bases = {}
-    for name in ("llama_stats", "llama_tensor", "fsdp_vllm"):
+    for name in ("llama_stats", "llama_tensor", "fsdp_vllm", "llama_calls"):
         bases[name] = Base(name, {s: Side(s, f"{s}/step0/proc0/dump.json") for s in ("train", "rollout")},
                            name == "llama_tensor")
     for name in ("synth_stats", "synth_npy", "synth_pt", "synth_megatron"):

@@ -72,16 +72,20 @@ def _mutations(data):
     def extra_kwarg(d):
         d[later]["input_kwargs"]["scale"] = {"type": "float", "value": 0.5}
 
+    def retyped(d):
+        d[later]["output"][0] = 3        # a tensor item written as a plain number
+
     def reorder(d):
         order = [k for k in keys if k != later]
         order.insert(order.index(first), later)      # call 2 before call 0
         return {k: d[k] for k in order}
 
 
-    return {"shape": shape, "mean_null": mean_null, "extra_kwarg": extra_kwarg, "reorder": reorder}
+    return {"shape": shape, "mean_null": mean_null, "extra_kwarg": extra_kwarg, "retyped": retyped,
+            "reorder": reorder}
 
 
-@pytest.mark.parametrize("name", ["shape", "mean_null", "extra_kwarg", "reorder"])
+@pytest.mark.parametrize("name", ["shape", "mean_null", "extra_kwarg", "retyped", "reorder"])
 def test_a_call_that_differs_turns_folding_off_and_loses_nothing(tmp_path, dump_doc, name):
     data = json.loads(json.dumps(dump_doc["data"]))
     changed = _mutations(data)[name](data)

@@ -68,6 +68,8 @@ def _take_stats(value: Any, paths: list[tuple], taken: list) -> list:
         item = value
         for k in keys:
             item = item[k]
+        if type(item) is not dict:
+            raise TypeError("a tensor item of call 0 is something else in this call")
         pop = item.pop
         vals = (pop("Max", None), pop("Min", None), pop("Mean", None), pop("Norm", None))
         taken.append((item, vals))
