@@ -109,3 +109,15 @@ def test_a_repeated_key_turns_folding_off_and_the_last_one_wins(tmp_path, dump_d
     assert not dump.folded
     assert any("duplicate entry key" in n for n in dump.notes)
     assert [e.key for e in dump.entries].count(later) == 1
+
+
+def test_dotted_argument_names_that_collide_turn_folding_off(tmp_path, dump_doc):
+    data = json.loads(json.dumps(dump_doc["data"]))
+    for key, entry in data.items():
+        if "mlp.down_proj" in key:
+            leaf = entry["output"][0]
+            entry["input_kwargs"] = {"x": {"y": dict(leaf)}, "x.y": dict(leaf, Max=leaf["Max"] * 2)}
+    p = _write(tmp_path, dump_doc, data)
+    folded, apart = load_path(p), load_path(p, fold=False)
+    assert not folded.folded
+    assert _unfolded(folded) == _unfolded(apart)

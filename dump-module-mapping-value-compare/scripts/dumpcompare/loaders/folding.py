@@ -41,7 +41,6 @@ class _Group:
     remains: Any                     # call 0's entry with the statistics taken out
     rows: array                      # float64, 4 per leaf per call, NaN where absent
     orders: list[int] = field(default_factory=list)    # file positions of calls 1..n
-    raws: list = field(default_factory=list)           # calls 1..n as entries, built only on a break
 
 
 def _path(value: Any, name: str) -> tuple:
@@ -137,10 +136,13 @@ class CallFolder:
     def _start_group(self, base: tuple, e: Entry, value: dict) -> None:
         try:
             paths = [_path(value, lf.name) if lf.is_tensor else () for lf in e.leaves]
+            found = [p for p in paths if p]
+            if len(set(found)) != len(found):
+                raise ValueError("two leaves lead to one item (dotted argument names)")
+            nums = _numbers(_take_stats(value, paths, []))
         except (KeyError, IndexError, TypeError, ValueError):
-            self._break()           # a leaf name that does not lead back to its item
+            self._break()           # leaf names that do not lead back to their own items
             return
-        nums = _numbers(_take_stats(value, paths, []))
         self.groups[base] = _Group(e, paths, [v is None for v in nums], value,
                                    array("d", [_NAN if v is None else v for v in nums]))
 
