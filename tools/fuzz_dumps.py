@@ -424,6 +424,9 @@ class Case:
     ascii_only: bool = False
     # (side, entry key, leaf name) that must not be read in tensor mode
     must_not_read: list = field(default_factory=list)
+    # Two `data` members: the last wins (as in json.load), so a leaf mutated in the other copy is
+    # never read and must_not_read says nothing about what was read.
+    data_duplicated: bool = False
     exact_check: bool = True                             # the expectations above are reliable
 
     def dump_path(self, side: str) -> Path:
@@ -777,6 +780,7 @@ def duplicate_key(case, side):
             second[:] = second[: rng.randint(0, len(second))]
         doc.insert(rng.randint(0, len(doc)), [key, second])
         case.exact_check = False
+        case.data_duplicated = True
         return f"duplicate top-level {key}"
     if isinstance(doc, Obj) and doc:
         k = rng.choice(doc.keys())
@@ -1307,7 +1311,7 @@ def check_outputs(name: str, out_dir: Path, case: Case) -> list[str]:
                 v.append(f"{name}: {side} salvage without last_complete_key")
             if not isinstance(sal.get("byte_offset"), int) or sal["byte_offset"] < 0:
                 v.append(f"{name}: {side} salvage byte_offset {sal.get('byte_offset')!r}")
-    if case.must_not_read:
+    if case.must_not_read and not case.data_duplicated:
         res = docs["output_3_value_compare.json"].get("results", [])
         for side, key, leaf in case.must_not_read:
             for r in res:
