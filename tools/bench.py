@@ -346,6 +346,15 @@ def _cpu_ratio(stage: Stage | None, base: float | None):
     return (bad.cpu / base, True) if bad is not None and bad.stopped else (None, False)
 
 
+def _ratio_parts(stage: Stage, base_time: float | None, base_cpu: float | None) -> dict:
+    """What every ratio line shows: time and CPU ratios to the baseline, peak MB, a status tag."""
+    peak = stage.peak
+    return {"time": _fmt_ratio(*_time_ratio(stage, base_time)),
+            "cpu": _fmt_ratio(*_cpu_ratio(stage, base_cpu)),
+            "peak_mb": "-" if peak is None else f"{peak / MB:.0f}",
+            "tag": "" if stage.failed is None and not stage.skipped else f" [{stage.status()}]"}
+
+
 def print_report(rows, ratio_lines, info_lines) -> None:
     head = ("stage", "runs", "median s", "min s", "max s", "cpu s", "peak MB", "time ratio",
             "peak ratio", "status")
@@ -606,15 +615,12 @@ def main(argv=None) -> int:
                 st = pipeline.get(key)
                 if st is None:
                     continue
-                tr, lb = _time_ratio(st, base_time)
-                peak = st.peak
+                r = _ratio_parts(st, base_time, base_cpu)
                 ratio_lines.append(
-                    f"ratio statistics {label}: time / json.load(both files) = "
-                    f"{_fmt_ratio(tr, lb)} (target <= 1.5x), cpu time ratio "
-                    f"{_fmt_ratio(*_cpu_ratio(st, base_cpu))}; peak memory / larger file = "
-                    f"{_fmt_ratio(_ratio(peak, larger))} (target <= 2x); "
-                    f"median {_fmt_s(st.median)} s, peak {('-' if peak is None else f'{peak / MB:.0f}')} MB"
-                    + ("" if st.failed is None and not st.skipped else f" [{st.status()}]"))
+                    f"ratio statistics {label}: time / json.load(both files) = {r['time']} (target <= 1.5x), "
+                    f"cpu time ratio {r['cpu']}; peak memory / larger file = "
+                    f"{_fmt_ratio(_ratio(st.peak, larger))} (target <= 2x); "
+                    f"median {_fmt_s(st.median)} s, peak {r['peak_mb']} MB{r['tag']}")
             results["ratio_lines"] = list(ratio_lines)
 
             if args.profile:
@@ -671,15 +677,12 @@ def main(argv=None) -> int:
                 tst = run_stage(name, cmd, args.repeat, timeout=ttimeout, mem_limit=mem_limit)
                 results["stages"][tst.name] = _stage_json(tst)
                 rows.append(stage_row(tst, np_base, larger_side))
-                tr, lb = _time_ratio(tst, np_base)
-                peak = tst.peak
+                r = _ratio_parts(tst, np_base, np_cpu)
                 ratio_lines.append(
-                    f"ratio tensor {key}: time / np.load(all tensor files) = {_fmt_ratio(tr, lb)}, "
-                    f"cpu time ratio {_fmt_ratio(*_cpu_ratio(tst, np_cpu))}; "
-                    f"peak memory = {('-' if peak is None else f'{peak / MB:.0f}')} MB (target < 1000 MB), "
-                    f"peak / larger side's tensor data = {_fmt_ratio(_ratio(peak, larger_side))}; "
-                    f"median {_fmt_s(tst.median)} s"
-                    + ("" if tst.failed is None else f" [{tst.status()}]"))
+                    f"ratio tensor {key}: time / np.load(all tensor files) = {r['time']}, "
+                    f"cpu time ratio {r['cpu']}; peak memory = {r['peak_mb']} MB (target < 1000 MB), "
+                    f"peak / larger side's tensor data = {_fmt_ratio(_ratio(tst.peak, larger_side))}; "
+                    f"median {_fmt_s(tst.median)} s{r['tag']}")
                 if key == "rootcause" and tst.failed is None:
                     info_lines.append(f"verdict (tensor, full run): {_verdict(work / 'out_tensor_rootcause')}")
             results["ratio_lines"] = list(ratio_lines)
