@@ -1,5 +1,7 @@
-"""Tensor-parallel rank merging (--rollout-rank all): shards are gathered before comparing."""
+"""Tensor-parallel rank merging (the default for the ranks of one step): shards are gathered before comparing."""
 import json
+import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -30,10 +32,7 @@ def _run(tmp_path, rollout_tp, task="statistics", train_tp=1, train_layout="hf",
     train = _write_side(tmp_path / "train", train_layout, train_tp, task, grad=train_layout == "hf", cfg=cfg)
     rollout = _write_side(tmp_path / "rollout", "vllm", rollout_tp, task, cfg=cfg, **kw)
     out = tmp_path / "out"
-    argv = ["--train", str(train), "--rollout", str(rollout), "--out-dir", str(out), "--quiet",
-            "--rollout-rank", "all"]
-    if train_tp > 1:
-        argv += ["--train-rank", "all"]
+    argv = ["--train", str(train), "--rollout", str(rollout), "--out-dir", str(out), "--quiet"]
     assert rootcause_main(argv) == 0
     docs = {n: json.loads((out / f"output_{n}.json").read_text()) for n in
             ("1_key_mapping", "3_value_compare", "4_module_analysis", "5_root_cause_report")}
@@ -89,12 +88,25 @@ def test_tp2_vs_tp4_statistics(tmp_path):
     assert _result(docs, "L1.q+L1.k+L1.v")["status"] == "match"
 
 
-def test_several_ranks_need_a_choice(tmp_path, capsys):
+def test_tp_ranks_of_one_step_merge_by_default(tmp_path):
     rollout = _write_side(tmp_path / "rollout", "vllm", 2, "statistics")
     train = _write_side(tmp_path / "train", "hf", 1, "statistics")
+    out = tmp_path / "o"
+    assert compare_main(["--train", str(train), "--rollout", str(rollout), "--out-dir", str(out), "--quiet"]) == 0
+    src = json.loads((out / "output_1_key_mapping.json").read_text())["sources"]
+    assert src["rollout"]["rank_layout"]["kind"] == "tensor_parallel" and src["rollout"]["ranks"] == ["0", "1"]
+    assert json.loads((out / "output_4_module_analysis.json").read_text())["first_divergence"]["pair"] is None
+
+
+def test_ranks_that_saw_different_tokens_need_a_choice(tmp_path, capsys):
+    rollout = _write_side(tmp_path / "rollout", "vllm", 2, "statistics")
+    other = _write_side(tmp_path / "other", "vllm", 1, "statistics", cfg=replace(CFG, seq_len=5))
+    shutil.copy(other / "step0" / "rank0" / "dump.json", rollout / "step0" / "rank1" / "dump.json")
+    train = _write_side(tmp_path / "train", "hf", 1, "statistics", cfg=replace(CFG, seq_len=3))
     code = compare_main(["--train", str(train), "--rollout", str(rollout), "--out-dir", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "--rollout-rank all" in err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "saw different tokens" in err and "rank 1" in err and "--rollout-rank" in err
     assert not (tmp_path / "o").exists()
 
 

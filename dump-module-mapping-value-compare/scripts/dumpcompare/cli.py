@@ -5,6 +5,7 @@ import argparse
 import functools
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from . import documents as D
@@ -12,14 +13,13 @@ from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
 from .loaders import load_path
-from .loaders.discovery import resolve_dump_files
-from .loaders.joining import join_steps
+from .loaders.inputs import SidePlan, plan_inputs, survey
+from .loaders.joining import join_stages, join_steps, layer_numbers
 from .loaders.parallel import default_jobs, load_files
-from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
 from .outputs import write_atomic, write_csv, write_json
-from .unshard import merge_ranks
+from .unshard import merge_ranks, rank_relation
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 SIDES = ("train", "rollout")
@@ -69,27 +69,17 @@ def run(args: argparse.Namespace) -> dict:
         raise InputError(f"{out}: --out-dir exists and is not a folder")
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
-    dumps, fams, recs = {}, {}, {}
-    steps, step_notes = pair_steps(args.train, args.rollout,
-                                   {s: getattr(args, f"{s}_step") for s in SIDES},
-                                   {s: getattr(args, f"{s}_rank") for s in SIDES})
-    chains = {s: steps[s] if isinstance(steps[s], list) else [steps[s]] for s in SIDES}
-    files = {s: [resolve_dump_files(getattr(args, s), s, step, getattr(args, f"{s}_rank")) for step in chains[s]]
-             for s in SIDES}
-    flat = [f for s in SIDES for per_step in files[s] for f in per_step]
+    inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
+                       {s: getattr(args, f"{s}_rank") for s in SIDES},
+                       {s: survey(getattr(args, s), s) for s in SIDES})
+    flat = [f for s in SIDES for f in inputs.side(s).files]
     say = _progress(args.quiet, flat)
     # Joined steps are renumbered call by call, so their calls are not folded.
-    fold = not args.no_fold_calls and not any(len(chains[s]) > 1 for s in SIDES)
-    loaded = iter(load_files(flat, functools.partial(load_path, fold=fold), args.jobs, say))
+    fold = not args.no_fold_calls and not any(len(inputs.side(s).steps) > 1 for s in SIDES)
+    loaded = dict(zip(flat, load_files(flat, functools.partial(load_path, fold=fold), args.jobs, say)))
+    dumps, fams, recs, layouts = {}, {}, {}, {}
     for s in SIDES:
-        per_step = [[next(loaded) for _ in f] for f in files[s]]
-        if len({len(r) for r in per_step}) != 1:
-            raise InputError(f"{getattr(args, s)}: the joined steps {', '.join(chains[s])} hold different "
-                             f"numbers of ranks")
-        ranks = [join_steps(list(by_rank), chains[s]) for by_rank in zip(*per_step)]
-        ranks[0].notes += [n for n in step_notes if n.startswith(s)]
-        fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))
-        dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
+        dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
     say("mapping and comparing")
     plan = build_plan(recs["train"], recs["rollout"], namer)
     views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
@@ -101,8 +91,9 @@ def run(args: argparse.Namespace) -> dict:
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
-    sources = {s: D.source_info(dumps[s], fams[s]) for s in dumps}
-    partial = any(v["partial"] for v in sources.values())
+    sources = {s: D.source_info(dumps[s], fams[s], inputs.side(s), layouts[s]) for s in dumps}
+    sources["input_plan"] = inputs.to_json()
+    partial = any(sources[s]["partial"] for s in SIDES)
     out.mkdir(parents=True, exist_ok=True)
     doc1, (h1, r1) = D.output_1(sources, recs)
     doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
@@ -125,6 +116,29 @@ def run(args: argparse.Namespace) -> dict:
     if not args.quiet:
         _summary(doc2["summary"], doc4, sources, mode, out)
     return doc4
+
+
+def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):
+    """One logical dump of a side from its planned files: steps joined per rank, then the ranks
+    merged as their content says (tensor-parallel shards, pipeline stages)."""
+    per_rank = [join_steps([loaded[st.files[r].path] for st in side.steps], [st.step for st in side.steps])
+                for r in range(side.n_ranks)]
+    layout = rank_relation([frozenset(e.raw_path for e in d.entries if e.kind == "module") for d in per_rank],
+                           [layer_numbers(d) for d in per_rank],
+                           [any(f.tokens is not None for f in (st.files[r] for st in side.steps))
+                            for r in range(side.n_ranks)], side.arg)
+    rules = namer.p.get("tensor_parallel", {}) or {}
+    stages = []
+    for group in layout.stages:
+        ranks = [per_rank[r] for r in group]
+        fam, recs = name_side(ranks[0], side.side, namer, family)
+        stages.append(merge_ranks(ranks, recs, rules))
+    labels = [side.steps[0].files[g[0]].rank for g in layout.stages]
+    dump = join_stages(stages, list(layout.offsets), labels)
+    if side.notes:
+        dump = replace(dump, notes=[*side.notes, *dump.notes])
+    fam, recs = name_side(dump, side.side, namer, family) if len(stages) > 1 else (fam, recs)
+    return dump, fam, recs, layout
 
 
 def _progress(quiet: bool, paths: list[Path]):

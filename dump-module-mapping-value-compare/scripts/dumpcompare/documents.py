@@ -11,11 +11,20 @@ from .outputs import fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
 
 
-def source_info(dump: Dump, family: str) -> dict:
-    """What was read for one side, including salvage and notes (marks partial analyses)."""
+def source_info(dump: Dump, family: str, plan=None, layout=None) -> dict:
+    """What was read for one side, including salvage and notes (marks partial analyses).
+
+    ``plan`` is the side's part of the input plan (loaders/inputs.py) and ``layout`` how its ranks
+    were merged (unshard.rank_relation); ``files`` lists every dump file read, step by step.
+    """
     sal = dump.salvage
     return {
-        "path": str(dump.path), "format": dump.fmt, "task": dump.task, "level": dump.level,
+        "path": str(dump.path),
+        "files": [str(f) for f in plan.files] if plan else [str(dump.path)],
+        "steps": [st.step for st in plan.steps] if plan else [None],
+        "ranks": [f.rank for f in plan.steps[0].files] if plan else [None],
+        "rank_layout": None if layout is None else {"kind": layout.kind, "stages": [list(g) for g in layout.stages],
+                                                    "layer_offsets": list(layout.offsets)}, "format": dump.fmt, "task": dump.task, "level": dump.level,
         "framework": dump.framework, "family": family, "entries": len(dump.entries),
         "partial": sal is not None, "folded_calls": dump.folded,
         "salvage": None if sal is None else {

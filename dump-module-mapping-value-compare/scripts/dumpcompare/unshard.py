@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .compare import leaf_stats, n_calls
 from .compare.stats import ATTRS, combine
+from .errors import InputError
 from .naming import ModuleRecord
 from .records import FORWARD, Dump, Leaf
 
@@ -80,35 +81,92 @@ def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
 
 
 def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dump:
-    """Fold ranks 1.. into rank 0's dump; rank 0's records name the modules."""
+    """One dump holding the ranks' leaves merged; rank 0's records name the modules.
+
+    The dumps given are not changed: merged entries are new objects.
+    """
     base = dumps[0]
     if len(dumps) == 1:
         return base
     peers = [{e.key: e for e in d.entries} for d in dumps[1:]]
     counts: dict[str, int] = {}
     missing = 0
+    entries = []
     for e, rec in zip(base.entries, recs):
         if e.direction != FORWARD or e.kind != "module":
+            entries.append(e)
             continue
         others = [p.get(e.key) for p in peers]
         if any(o is None for o in others):
             missing += 1
+            entries.append(e)
             continue
         by_name = [{lf.name: lf for lf in o.leaves} for o in others]
-        for i, lf in enumerate(e.leaves):
+        leaves = []
+        for lf in e.leaves:
             group = [lf] + [b.get(lf.name) for b in by_name]
             if not lf.is_tensor or any(g is None for g in group):
+                leaves.append(lf)
                 continue
             rule = merge_rule(rec, lf.name, group, rules)
-            e.leaves[i] = _merged_leaf(group, rule, dumps)
+            leaves.append(_merged_leaf(group, rule, dumps))
             kind = rule.split(":")[0]
             counts[kind] = counts.get(kind, 0) + 1
+        entries.append(replace(e, leaves=leaves))
+    notes = list(base.notes)
     if len({d.folded for d in dumps}) > 1:
-        base.notes.append("the ranks' repeated calls could not all be folded alike: only call 0 of modules "
-                          "whose calls some rank kept apart was merged across ranks")
-    base.notes.append(f"merged {len(dumps)} tensor-parallel ranks: "
-                      + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-                      + (f"; {missing} entries missing on some rank kept from rank 0" if missing else ""))
-    if any(d.salvage for d in dumps[1:]):
-        base.salvage = base.salvage or next(d.salvage for d in dumps[1:] if d.salvage)
-    return base
+        notes.append("the ranks' repeated calls could not all be folded alike: only call 0 of modules "
+                     "whose calls some rank kept apart was merged across ranks")
+    notes.append(f"merged {len(dumps)} tensor-parallel ranks: "
+                 + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                 + (f"; {missing} entries missing on some rank kept from rank 0" if missing else ""))
+    salvage = base.salvage or next((d.salvage for d in dumps[1:] if d.salvage), None)
+    return replace(base, entries=entries, notes=notes, salvage=salvage)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """How the rank files of one step relate: ``stages`` lists, in pipeline order, the rank
+    indices of each stage (the tensor-parallel group merged within it); ``offsets`` shift each
+    stage's layer numbers when stages number their layers from 0."""
+    kind: str                              # single | tensor_parallel | pipeline | pipeline+tensor_parallel
+    stages: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+
+
+def rank_relation(modules: list[frozenset], layers: list[set], has_tokens: list[bool], where: str) -> RankLayout:
+    """Decide from their content how ranks relate (pure; references/input_formats.md).
+
+    Ranks holding the same modules are tensor-parallel shards (or replicas) of one model. Ranks
+    holding different modules are pipeline stages when they form groups, the first of which was
+    fed the token ids; stages follow rank order (stage = rank // tp in Megatron, vLLM and SGLang).
+    Anything else is refused with what was found.
+    """
+    n = len(modules)
+    if n == 1:
+        return RankLayout("single", ((0,),), (0,))
+    groups: dict[frozenset, list[int]] = {}
+    for i, m in enumerate(modules):
+        groups.setdefault(m, []).append(i)
+    stages = sorted((tuple(g) for g in groups.values()), key=lambda g: g[0])
+    if len(stages) == 1:
+        return RankLayout("tensor_parallel", tuple(stages), (0,))
+    sizes = {len(g) for g in stages}
+    first_has_tokens = any(has_tokens[i] for i in stages[0])
+    if len(sizes) != 1 or not first_has_tokens:
+        listing = "; ".join(f"ranks {','.join(map(str, g))}: {len(modules[g[0]])} modules, layers "
+                            f"{_span(layers[g[0]])}" for g in stages)
+        raise InputError(f"{where}: the ranks hold different modules but are not pipeline stages of one model "
+                         f"({listing}); choose one rank with --<side>-rank")
+    stage_layers = [layers[g[0]] for g in stages]
+    overlap = any(stage_layers[i] & stage_layers[j] for i in range(len(stages)) for j in range(i))
+    offsets, total = [], 0
+    for ls in stage_layers:
+        offsets.append(total if overlap else 0)
+        total += (max(ls) + 1) if ls else 0
+    kind = "pipeline" if len(stages[0]) == 1 else "pipeline+tensor_parallel"
+    return RankLayout(kind, tuple(stages), tuple(offsets))
+
+
+def _span(ls: set) -> str:
+    return f"{min(ls)}-{max(ls)}" if ls else "none"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..records import Dump, Entry
-from .discovery import resolve_dump_file, resolve_dump_files
+from .discovery import resolve_dump_file
 from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries

@@ -46,28 +46,6 @@ def candidates(root: Path) -> list[Candidate]:
     return found
 
 
-ALL_RANKS = "all"
-
-
-def resolve_dump_files(arg: str, side: str, step: str | None = None, rank: str | None = None) -> list[Path]:
-    """Like :func:`resolve_dump_file`, but ``rank="all"`` returns every rank of the one chosen step
-    (in rank order), so tensor-parallel shards can be merged into one logical dump."""
-    if rank != ALL_RANKS:
-        return [resolve_dump_file(arg, side, step, rank)]
-    p = Path(arg)
-    if not p.is_dir():
-        raise InputError(f"{arg}: --{side}-rank all needs a folder holding rank folders")
-    cands = candidates(p)
-    if step is not None:
-        want = step.removeprefix("step").lstrip("_-")
-        cands = [c for c in cands if c.step == want]
-    steps = sorted({c.step for c in cands}, key=lambda x: _natural(x or ""))
-    if len(steps) != 1:
-        raise InputError(f"{arg}: --{side}-rank all needs one step; folder holds steps "
-                         f"{', '.join(s or '-' for s in steps) or 'none'} (choose with --{side}-step)")
-    return [c.path for c in sorted(cands, key=lambda c: _natural(c.rank or ""))]
-
-
 def resolve_dump_file(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Path:
     """Return the single dump file for one side or raise :class:`InputError` explaining the choice.
 
