@@ -66,11 +66,15 @@ def _write_steps(root, entries, task):
         write_dump(root / f"step{n}" / "rank0", es, task=task)
 
 
-def _run_steps(tmp_path, task, rollout_faults=(), extra=()):
+def _run_steps(tmp_path, task, rollout_faults=(), extra=(), fed=CFG.seq_len):
+    """``fed``: tokens the engine was fed (one less than the trainer's when the last sampled token
+    is never fed back)."""
     w = init_weights(CFG)
     write_dump(tmp_path / "train", run_side(CFG, "hf", (), grad=True, weights=w), task=task)
     full = run_side(CFG, "vllm", rollout_faults, weights=w)
-    _write_steps(tmp_path / "rollout", split_prefill_decode(full, CFG.seq_len, PREFILL), task)
+    calls = split_prefill_decode(full, CFG.seq_len, PREFILL)
+    last = fed - PREFILL        # the last call the engine made
+    _write_steps(tmp_path / "rollout", [e for e in calls if int(e.key.rsplit(".", 1)[1]) <= last], task)
     out = tmp_path / "out"
     assert rootcause_main(["--train", str(tmp_path / "train"), "--rollout", str(tmp_path / "rollout"),
                            "--out-dir", str(out), "--quiet", *extra]) == 0
@@ -101,3 +105,19 @@ def test_a_step_range_can_be_pinned(tmp_path):
     notes = docs["1_key_mapping"]["sources"]["rollout"]["notes"]
     assert any(n.startswith("steps 0, 1") and "joined as calls" in n for n in notes)
     assert docs["5_root_cause_report"]["verdict"] == "no_credible_divergence"
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_generation_without_the_last_sampled_token_is_joined(tmp_path, task):
+    # The trainer scores all 8 tokens; the engine fed 7 (the 8th was sampled, never fed back).
+    docs = _run_steps(tmp_path, task, rollout_faults=(F.CorruptWeight("rollout", "down", 1),), fed=CFG.seq_len - 1)
+    plan = docs["1_key_mapping"]["sources"]["input_plan"]
+    assert [s["step"] for s in plan["sides"]["rollout"]["steps"]] == [str(n) for n in range(CFG.seq_len - PREFILL)]
+    assert (plan["tokens"]["how"], plan["tokens"]["verified"]) == ("count/max/min, last token not fed", False)
+    rc = docs["5_root_cause_report"]["root_causes"][0]
+    assert (rc["category"], rc["rollout_module"]) == ("parameter_or_checkpoint_issue", "model.layers.1.mlp.down_proj")
+    r = _result(docs, "L0.attn_norm_out")
+    if task == "tensor":
+        assert r["status"] == "match" and any("last token" in n for n in r["notes"])
+    else:
+        assert r["status"] == "incomparable" and "one token more" in r["reason"]

@@ -91,6 +91,6 @@ def test_same_model_is_comparable(pairs, tmp_path):
     proc = run_script(ROOTCAUSE, *pairs["small"], out)
     assert proc.returncode == 0, proc.stderr
     d = outputs(out)
-    assert d[4]["comparability"] == {"comparable": True, "reasons": []}
+    assert (d[4]["comparability"]["comparable"], d[4]["comparability"]["reasons"]) == (True, [])
     rep = json.loads((out / "output_5_root_cause_report.json").read_text(encoding="utf-8"))
     assert rep["verdict"] == "no_credible_divergence"

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> dict:
     doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
     doc3, (h3, r3) = D.output_3(results, tolerances, mode)
     layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
-    comp = D.comparability(results, doc2["summary"], layers)
+    evidence = inputs.to_json()["tokens"]
+    comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})
     doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
     for doc in (doc1, doc2, doc3, doc4):
         doc["partial"] = partial

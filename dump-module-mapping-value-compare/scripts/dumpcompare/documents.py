@@ -180,9 +180,14 @@ def _markdown_4(verdicts, first, partial, comparability) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparability(results: list[Result], summary: dict, layers: dict[str, int]) -> dict:
-    """Say when the two dumps do not look like the same model on the same tokens."""
+def comparability(results: list[Result], summary: dict, layers: dict[str, int], tokens: dict | None = None) -> dict:
+    """Say when the two dumps do not look like the same model on the same tokens.
+
+    ``tokens`` is the input plan's token evidence (how identity was shown, and whether it was
+    verified); it is reported as is, so weak evidence reads ``verified: false``.
+    """
     reasons = []
+    one_short = bool(tokens) and tokens.get("how") == "count/max/min, last token not fed"
     if layers["train"] and layers["rollout"] and layers["train"] != layers["rollout"]:
         reasons.append(f"the sides have different numbers of layers (train {layers['train']}, "
                        f"rollout {layers['rollout']})")
@@ -192,9 +197,12 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int]) 
         reasons.append(f"{len(sized)} of {len(results)} tensors differ in size (different model sizes, "
                        "sequence lengths, or unmerged tensor-parallel shards)")
     tok = next((r for r in results if r.point == "M.tokens"), None)
-    if tok is not None and tok.status not in ("match", "drift"):
+    # With the last sampled token not fed, the ids agree over the fed tokens only (tensor mode shows
+    # it; statistics over n and n-1 tokens cannot): not a difference.
+    if tok is not None and tok.status not in ("match", "drift") and not (one_short and tok.status == "incomparable"):
         reasons.append(f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})")
     if summary["train_modules"] and summary["train_coverage"] < 0.3:
         reasons.append(f"only {summary['mapped_train_modules']} of {summary['train_modules']} train modules "
                        "map to the rollout side (different models, or a naming profile is missing)")
-    return {"comparable": not reasons, "reasons": reasons}
+    return {"comparable": not reasons, "reasons": reasons,
+            "tokens": tokens or {"how": "none", "verified": False}}

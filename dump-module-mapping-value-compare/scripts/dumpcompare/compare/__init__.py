@@ -158,9 +158,9 @@ class Executor:
         """Execute one planned comparison."""
         tl = [_leaf(self.t, c) for c in plan.train]
         rl = [_leaf(self.r, c) for c in plan.rollout]
-        notes = []
+        notes, trim = [], None
         if plan.stitched and None not in tl + rl:
-            tl, rl, notes = _fit_calls(plan, tl, rl)
+            tl, rl, notes, trim = _fit_calls(plan, tl, rl)
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
                      _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl), pair=plan.pair)
         res.notes += notes
@@ -180,12 +180,17 @@ class Executor:
             res.reason = f"dtype conflict: {dt} vs {dr}"
             return res
         tensors = self._tensors(plan, tl, rl, res) if self.use_tensors else None
+        if tensors is None and trim:
+            res.reason = (f"the {trim} side holds one token more (the last sampled token, which the engine "
+                          "returns and never feeds back): statistics over different tokens do not compare; "
+                          "use tensor mode, or dump the trainer without the last token")
+            return res
         if tensors is None and any(lf.merge == "sum" for lf in tl + rl):
             res.reason = ("partial sums across tensor-parallel ranks: their statistics cannot be combined; "
                           "compare a tensor dump, or dump after the all-reduce")
             return res
         if tensors is not None:
-            self._judge_tensor(plan, res, tensors, dt, dr, tl, rl)
+            self._judge_tensor(plan, res, tensors, dt, dr, tl, rl, trim)
         else:
             self._judge_stats(plan, res, ts, rs, dt, dr, errors)
         return res
@@ -271,7 +276,7 @@ class Executor:
             out.append(arrs)
         return out
 
-    def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl) -> None:
+    def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl, trim: str | None = None) -> None:
         res.mode = "tensor"
         tol, strict = pair_tolerances(self.tol["tensor"]["rel_l2"], dt, dr)
         el = self.tol["tensor"]["elementwise"]
@@ -282,7 +287,7 @@ class Executor:
         for tarrs, rarrs, row0, blocked in self._blocks(plan, *tensors):
             streamed = streamed or blocked
             try:
-                t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl, blocked)
+                t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl, blocked, trim)
             except ValueError as exc:
                 kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
                                 if plan.kind == "direct" else (None, None))
@@ -356,8 +361,12 @@ class Executor:
             return None
         return T.same_multiset(t, r, elt["rtol"], elt["atol"])
 
-    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl, blocked: bool):
-        """Join the parts of each side and bring both to one layout (blocks come in token form)."""
+    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl, blocked: bool, trim: str | None = None):
+        """Join the parts of each side and bring both to one layout (blocks come in token form).
+
+        ``trim`` names a side holding one token more than the other fed (the last sampled token):
+        its last token row is left out.
+        """
         cat_axis = 0 if plan.axis == "rows" else -1
         if plan.axis == "features" and not blocked:
             tarrs = [T.as_tokens(a, self.t.family) for a in tarrs]
@@ -367,6 +376,11 @@ class Executor:
                 tarrs = [np.concatenate(tarrs, axis=0)]
             elif plan.stitched == "rollout" and len(rarrs) > 1:
                 rarrs = [np.concatenate(rarrs, axis=0)]
+            # The trimmed side is never the stitched one: each of its parts holds every token.
+            if trim == "train":
+                tarrs = [a[:-1] for a in tarrs]
+            elif trim == "rollout":
+                rarrs = [a[:-1] for a in rarrs]
         if plan.kind == "composite":
             # A fused output merged from R ranks is [part0_r0, part1_r0, ..., part0_r1, ...]:
             # lay the other side's parts out the same way.
@@ -402,19 +416,30 @@ def _run_forked(i: int) -> Result:
 
 
 def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):
-    """Keep only the first call when the other side saw only those tokens (the prompt)."""
+    """Match the stitched side's calls to the other side's tokens.
+
+    Returns (train leaves, rollout leaves, notes, side whose last token is left out or None). All
+    calls when the counts agree; only the first call when the other side saw only those tokens (the
+    prompt); all calls with the other side's last token left out when it holds one token more (a
+    trainer scoring the whole sequence feeds the last sampled token, which the engine never fed).
+    """
     many, one = (tl, rl) if plan.stitched == "train" else (rl, tl)
     total = sum(lf.numel or 0 for lf in many)
     other = sum(lf.numel or 0 for lf in one)
     if total == other or len(many) < 2:
-        return tl, rl, [f"{plan.stitched} calls 0..{len(many) - 1} stitched along the tokens"]
+        return tl, rl, [f"{plan.stitched} calls 0..{len(many) - 1} stitched along the tokens"], None
+    one_token = many[-1].numel or 0
+    if one_token and other - total == one_token:
+        other_side = "rollout" if plan.stitched == "train" else "train"
+        return tl, rl, [f"{plan.stitched} calls 0..{len(many) - 1} stitched along the tokens; the {other_side} "
+                        f"side's last token (the last sampled one, never fed to the engine) left out"], other_side
     if many[0].numel == other:
         many = many[:1]
         note = "the other side saw only the first call's tokens (the prompt): compared with that call"
     else:
         note = (f"token counts cannot be reconciled: {plan.stitched} calls hold "
                 f"{[lf.numel for lf in many]} elements, the other side {other}")
-    return (many, rl, [note]) if plan.stitched == "train" else (tl, many, [note])
+    return ((many, rl, [note], None) if plan.stitched == "train" else (tl, many, [note], None))
 
 
 def _rank_groups(leaves: list[Leaf]) -> int:
