@@ -210,7 +210,7 @@ def test_reuse_outputs_with_damaged_output_exits_2(analyze, cli, tmp_path, damag
     path = out / "output_3_value_compare.json"
     if damage == "schema":
         doc = json.loads(path.read_text())
-        doc["schema_version"] = "2.0"
+        doc["schema_version"] = "3.0"
         path.write_text(json.dumps(doc))
     else:
         path.write_text("{")

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MAJOR = "1"   # reads 1.x; observed_downstream (1.1) is optional
+SUPPORTED_MAJOR = "2"   # reads 2.x
 
 
 class EvidenceError(Exception):

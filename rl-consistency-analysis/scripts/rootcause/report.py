@@ -13,7 +13,7 @@ from pathlib import Path
 from .evidence import Evidence
 from .triage import Triage
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 REPORT = "output_5_root_cause_report.json"
