@@ -63,7 +63,8 @@ def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
         return replace(first, merge=rule)
     if rule == "sum":
         # Partial sums: the statistics of a sum are not a function of the parts' statistics.
-        return replace(first, max=None, min=None, mean=None, norm=None, per_call=None, merge=rule, shards=files)
+        return replace(first, max=None, min=None, mean=None, norm=None, per_call=None, merge=rule, shards=files,
+                       checksum=None)
     dim = int(rule.split(":")[1])
     shape = list(first.shape) if first.shape is not None else None
     if shape is not None:
@@ -76,8 +77,10 @@ def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
         pc = combine([leaf_stats(g, calls) for g in group])
         per_call = np.stack([np.full(calls, np.nan) if getattr(pc, a) is None else getattr(pc, a)
                              for a in ATTRS], axis=1)
+    # A digest is of one rank's shard, never of the concatenation.
     return replace(first, shape=tuple(shape) if shape is not None else None, max=st.max, min=st.min,
-                   mean=st.mean, norm=st.norm, per_call=per_call, merge=f"concat:{dim}", shards=files)
+                   mean=st.mean, norm=st.norm, per_call=per_call, merge=f"concat:{dim}", shards=files,
+                   checksum=None)
 
 
 def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dump:

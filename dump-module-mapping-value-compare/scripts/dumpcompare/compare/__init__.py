@@ -13,6 +13,7 @@ import numpy as np
 from ..userconfig import builtin, merge, read_user_yaml
 from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
+from . import params as P
 from . import tensors as T
 from .layout import interleave_parts, match_grouped_qkv, size_relation, trim_padding
 from . import sources
@@ -58,6 +59,7 @@ class Result:
     dtype_differs: bool = False
     pair: str | None = None            # set when the comparison reads one pair's own leaves
     calls: dict[str, Any] | None = None  # folded modules: how the calls compared (output_3 ``calls``)
+    param_equality: dict[str, Any] | None = None  # parameters only: compare/params.py
 
 
 def load_tolerances(user_file: str | None = None) -> dict:
@@ -193,7 +195,22 @@ class Executor:
             self._judge_tensor(plan, res, tensors, dt, dr, tl, rl, trim)
         else:
             self._judge_stats(plan, res, ts, rs, dt, dr, errors)
+        if plan.axis == "rows" and res.status in ("match", "drift", "mismatch"):
+            self._judge_parameter(res, ts, rs, dt, dr, tl, rl)
         return res
+
+    def _judge_parameter(self, res: Result, ts: Stats, rs: Stats, dt, dr, tl, rl) -> None:
+        """Say whether the two parameters are the same tensor; a proven difference is a mismatch
+        whatever the scaled statistics error (a stale bf16 weight moves Max by one bf16 step)."""
+        eq = P.by_checksum(tl, rl)
+        if eq is None and res.mode == "tensor" and res.tensor_metrics:
+            eq = P.by_tensor(res.tensor_metrics.get("max_abs"))
+        if eq is None:
+            eq = P.by_statistics(ts, rs, dtype_key(dt), dtype_key(dr), res.status != "mismatch")
+        res.param_equality = eq
+        if eq["equal"] is False and eq["exact"] and res.status != "mismatch" and eq["how"] != "tensor":
+            res.status = "mismatch"
+            res.reason = f"parameters differ: {eq['detail']}"
 
     # -- statistics ---------------------------------------------------------------------
     def _pick_call(self, res: Result, ts: Stats, rs: Stats, kt: int, kr: int, k: int, dt, dr):
