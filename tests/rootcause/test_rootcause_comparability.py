@@ -1,4 +1,7 @@
 """Dumps of two different models or inputs must not produce a confident root cause."""
+import json
+from pathlib import Path
+
 import pytest
 
 from synth import Config, generate_pair
@@ -38,3 +41,17 @@ def test_different_depth_and_width_is_not_a_finding(tmp_path, analyze_pair):
 def test_different_depth_is_not_a_finding(tmp_path, analyze_pair):
     train, rollout = mixed_pair(tmp_path, Config(layers=4, hidden=32), Config(layers=3, hidden=32))
     assert_not_a_finding(analyze_pair(train, rollout).doc)
+
+
+def test_api_level_dumps_compare_nothing_and_are_never_an_all_clear(tmp_path):
+    """Two L1 (API-level) msprobe dumps hold no modules: inconclusive, and --fail-on-finding fails."""
+    import subprocess
+    import sys
+    l1 = Path(__file__).resolve().parents[1] / "data" / "msprobe" / "llama_L1_statistics"
+    script = Path(__file__).resolve().parents[2] / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
+    proc = subprocess.run([sys.executable, str(script), "--train", str(l1), "--rollout", str(l1), "--out-dir",
+                           str(tmp_path / "o"), "--quiet", "--fail-on-finding"], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    rep = json.loads((tmp_path / "o" / "output_5_root_cause_report.json").read_text())
+    assert rep["verdict"] == "inconclusive"
+    assert any("nothing was compared" in r and "L0" in r for r in rep["comparability"]["reasons"])

@@ -201,6 +201,12 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
     # it; statistics over n and n-1 tokens cannot): not a difference.
     if tok is not None and tok.status not in ("match", "drift") and not (one_short and tok.status == "incomparable"):
         reasons.append(f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})")
+    compared = [r for r in results if r.status not in ("incomparable", "structural")]
+    if not compared:
+        levels = "API-level (L1) dumps hold no modules: dump with level L0 or mix" if not (
+            summary["train_modules"] and summary["rollout_modules"]) else "no module pairs share a comparable tensor"
+        reasons.append(f"nothing was compared ({summary['pairs']} module pairs, {len(results)} planned tensors; "
+                       f"{levels})")
     if summary["train_modules"] and summary["train_coverage"] < 0.3:
         reasons.append(f"only {summary['mapped_train_modules']} of {summary['train_modules']} train modules "
                        "map to the rollout side (different models, or a naming profile is missing)")
