@@ -19,6 +19,7 @@ from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
 from .outputs import write_atomic, write_csv, write_json
+from .safetext import visible
 from .unshard import merge_ranks
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
@@ -138,7 +139,9 @@ def _progress(quiet: bool, paths: list[Path]):
 
 
 def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
-    p = print
+    def p(line: str) -> None:
+        # Names come from the dumps: no escape sequence of theirs reaches the terminal.
+        print(visible(line))
     p(f"train:   {sources['train']['path']} ({sources['train']['family']}, {s['train_modules']} forward modules)")
     p(f"rollout: {sources['rollout']['path']} ({sources['rollout']['family']}, {s['rollout_modules']} forward modules)")
     for side in ("train", "rollout"):
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {visible(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         import os
         if os.environ.get("DUMPCOMPARE_DEBUG"):
             raise
-        print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+        print(f"internal error: {type(exc).__name__}: {visible(' '.join(str(exc).split()))} "
               f"(set DUMPCOMPARE_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
     return 0

@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .safetext import csv_cell
+
 SCHEMA_VERSION = "1.2"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -81,12 +83,15 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    """Write a CSV view (non-finite numbers as 'NaN'/'Infinity', lists joined with ';')."""
+    """Write a CSV view (non-finite numbers as 'NaN'/'Infinity', lists joined with ';').
+
+    Cells a spreadsheet would run as formulas get a leading ``'`` (safetext.csv_cell).
+    """
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(header)
     for row in rows:
-        w.writerow([_cell(c) for c in row])
+        w.writerow([csv_cell(_cell(c)) for c in row])
     write_atomic(path, buf.getvalue())
 
 

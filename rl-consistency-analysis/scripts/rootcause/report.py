@@ -9,6 +9,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .evidence import Evidence
 from .triage import Triage
@@ -75,8 +76,12 @@ def _name(x) -> str:
     return ", ".join(x) if isinstance(x, list) else str(x)
 
 
-def summary(doc: dict, out_dir: Path) -> str:
-    """A few lines for the terminal: verdict, top cause, where to look next."""
+def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
+    """A few lines for the terminal: verdict, top cause, where to look next.
+
+    ``visible`` is the sibling's safetext.visible: every line carries names from the dumps, so each
+    is printed with control characters as visible escapes.
+    """
     lines = []
     s = doc.get("summary") or {}
     if s:
@@ -105,4 +110,4 @@ def summary(doc: dict, out_dir: Path) -> str:
     lines.append(f"suppressed as structural: {len(doc['suppressed'])}")
     lines.append(f"evidence: {out_dir / REPORT}; write the final output_5_root_cause_report.md from "
                  f"references/report_template.md")
-    return "\n".join(lines)
+    return "\n".join(visible(line) for line in lines)
