@@ -18,7 +18,7 @@ from .loaders.parallel import default_jobs, load_files
 from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
-from .outputs import write_atomic, write_csv, write_json
+from .outputs import COMPARE_OUTPUTS, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
 from .unshard import merge_ranks
 
@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> dict:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", doc4)
     write_atomic(out / "output_4_module_analysis.md", md4)
+    # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
+    remove_stale(out, COMPARE_OUTPUTS)
     say("done")
     if not args.quiet:
         _summary(doc2["summary"], doc4, sources, mode, out)

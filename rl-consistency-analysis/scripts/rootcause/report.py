@@ -18,6 +18,8 @@ SCHEMA_VERSION = "1.0"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 REPORT = "output_5_root_cause_report.json"
+# Written by the agent from REPORT; a new REPORT makes an existing one stale.
+AGENT_REPORT = "output_5_root_cause_report.md"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
          "next_checks")
@@ -54,7 +56,11 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
 
 
 def write(out_dir: Path, doc: dict) -> Path:
-    """Write the report atomically inside ``out_dir``."""
+    """Write the report atomically inside ``out_dir`` and remove the agent's markdown of an older one.
+
+    The compare step already removes both output_5 files when it rewrites output_1..4; this covers
+    ``--reuse-outputs``, where it does not run.
+    """
     path = out_dir / REPORT
     fd, tmp = tempfile.mkstemp(prefix=f".{REPORT}.", suffix=".tmp", dir=out_dir)
     try:
@@ -67,6 +73,9 @@ def write(out_dir: Path, doc: dict) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    stale = out_dir / AGENT_REPORT
+    if stale.is_symlink() or stale.is_file():
+        stale.unlink()
     return path
 
 
