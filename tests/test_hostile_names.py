@@ -33,11 +33,12 @@ ANSI = "\x1b[31mred\x1b[0m\rover"
 RTL = "\u202eevil.txt"
 PLUS = "+cmd"
 MINUS = "-2+3"
-HOSTILE = (FORMULA, SUM, SCRIPT_TAG, PIPES, ANSI, RTL, PLUS, MINUS)
+QUOTED = "'=already quoted"
+HOSTILE = (FORMULA, SUM, SCRIPT_TAG, PIPES, ANSI, RTL, PLUS, MINUS, QUOTED)
 # Modules renamed on both sides; CULPRIT takes the name under test.
 OTHERS = ("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.up_proj",
           "model.layers.1.self_attn.o_proj", "model.layers.1.input_layernorm", "model.layers.0.mlp.up_proj",
-          "model.layers.0.input_layernorm")
+          "model.layers.0.input_layernorm", "model.layers.1.self_attn.q_proj")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -107,7 +108,7 @@ def test_every_csv_cell_is_neutralised_and_strips_back_to_the_exact_name(runs):
         assert set(runs["mapping"].values()) <= seen
     rows = list(csv.DictReader((runs["outs"][0] / "output_1_key_mapping.csv").open(encoding="utf-8", newline="")))
     paths = {r["path"] for r in rows}
-    assert "'" + FORMULA in paths and "'" + SUM in paths and "'" + PLUS in paths and "'" + MINUS in paths
+    assert {"'" + n for n in (FORMULA, SUM, PLUS, MINUS, QUOTED)} <= paths
     assert SCRIPT_TAG in paths and "'" + SCRIPT_TAG not in paths   # only formula starts are changed
 
 
@@ -173,7 +174,7 @@ def test_json_outputs_hold_the_exact_names(runs):
 @pytest.mark.parametrize("value,expected", [
     ("=1+1", "'=1+1"), ("+cmd", "'+cmd"), ("-x", "'-x"), ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"),
     ("\rx", "'\rx"), ("-1.5", "-1.5"), ("+2e-3", "+2e-3"), ("-Infinity", "-Infinity"), ("NaN", "NaN"),
-    ("model.x", "model.x"), (-3, -3), (0.5, 0.5), ("", "")])
+    ("model.x", "model.x"), ("'=x", "''=x"), ("'a", "''a"), (-3, -3), (0.5, 0.5), ("", "")])
 def test_csv_cell(value, expected):
     assert safetext.csv_cell(value) == expected
 

@@ -56,10 +56,12 @@ def csv_cell(value):
     """Form of a CSV cell: text a spreadsheet would read as a formula gets a leading ``'``.
 
     A string starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return that is not a
-    number gets one leading apostrophe (a reader strips exactly one to get the exact text); numbers
-    and every other string are returned unchanged.
+    number gets one leading apostrophe; so does a string that already starts with one, so that a
+    reader gets the exact text back by stripping one leading apostrophe from every cell that has
+    one. Numbers and every other string are returned unchanged.
     """
-    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _is_number(value):
+    if isinstance(value, str) and (value.startswith("'") or
+                                   value.startswith(_FORMULA_START) and not _is_number(value)):
         return "'" + value
     return value
 
