@@ -8,8 +8,10 @@ from .compare import Result
 from .mapping import MappingPlan
 from .naming import ModuleRecord
 from .outputs import fmt
-from .safetext import markdown
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
+from .safetext import markdown
+
+TOP_CANDIDATES = 5   # rank 1-2 modules listed above output_4's table; the rest are in the table
 
 
 def source_info(dump: Dump, family: str) -> dict:
@@ -149,9 +151,6 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
            "modules": verdicts, "one_sided": one_sided}
     return doc, _markdown_4(verdicts, first, partial, comparability)
-
-
-TOP_CANDIDATES = 5   # rank 1-2 modules listed before the table; the rest are in the table
 
 
 def _names(modules: list[str]) -> str:

@@ -70,20 +70,17 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def remove_stale(out_dir: Path, written: tuple[str, ...]) -> list[str]:
-    """Remove the files of OUR_OUTPUTS in ``out_dir`` that this run did not write; returns their names.
+def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:
+    """Remove the files of OUR_OUTPUTS in ``out_dir`` that this run did not write.
 
     A run owns its out-dir's output_* files, so that outputs of different runs never sit side by
     side; anything else in the folder (not one of these exact names, or not a plain file or
     link) is left alone.
     """
-    removed = []
     for name in OUR_OUTPUTS:
         path = out_dir / name
         if name not in written and (path.is_symlink() or path.is_file()):
             path.unlink()
-            removed.append(name)
-    return removed
 
 
 def _fields(obj: Any) -> dict:
