@@ -39,6 +39,7 @@ import math
 import os
 import pickle
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -74,6 +75,8 @@ OUTPUT_JSON = [n for n in COMPARE_OUTPUTS if n.endswith(".json")]
 MARKER = "PWNED"            # hostile pickles try to create files named PWNED*
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")   # what a spreadsheet runs (safetext.csv_cell)
 INVISIBLE = ("Cc", "Cf", "Zl", "Zp", "Cs")        # what a terminal or viewer acts on (safetext.visible)
+# A CSV number cell as the writer formats them (ints, %.6g floats, NaN/Infinity strings).
+NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|[+-]?(Infinity|inf|NaN|nan)")
 STAT_FIELDS = ("Max", "Min", "Mean", "Norm")
 LEAF_FIELDS = STAT_FIELDS + ("dtype", "shape", "type", "requires_grad", "data_name", "md5")
 
@@ -1357,14 +1360,6 @@ def _markdown_columns(row: str) -> int:
     return pipes - 1
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def check_views(name: str, out_dir: Path, stdout: str) -> list[str]:
     """Dump text in a view in a form the viewer would run or mis-render (issue 18)."""
     v = []
@@ -1373,7 +1368,7 @@ def check_views(name: str, out_dir: Path, stdout: str) -> list[str]:
     for path in sorted(out_dir.glob("output_*.csv")):
         with path.open(encoding="utf-8", errors="replace", newline="") as fh:
             cells = [c for row in csv.reader(fh) for c in row]
-        if formula := next((c for c in cells if c.startswith(FORMULA_START) and not _is_number(c)), None):
+        if formula := next((c for c in cells if c.startswith(FORMULA_START) and not NUMBER.fullmatch(c)), None):
             v.append(f"{name}: {path.name} cell starts like a formula: {formula[:60]!r}")
     md = out_dir / "output_4_module_analysis.md"
     if md.is_file():
