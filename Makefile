@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/demo
 
-.PHONY: setup demo test clean bench fuzz
+.PHONY: setup demo test clean bench fuzz install-skills
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ bench: $(STAMP)
 
 fuzz: $(STAMP)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) tools/fuzz_dumps.py --cases 2000 $(FUZZ_ARGS)
+
+# Link the three skill folders side by side into DEST (COPY=1 copies them); never overwrites.
+install-skills:
+	@test -n "$(DEST)" || { echo "usage: make install-skills DEST=<skills dir> [COPY=1]" >&2; exit 2; }
+	$(PYTHON) tools/install_skills.py --dest "$(DEST)" $(if $(COPY),--copy)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

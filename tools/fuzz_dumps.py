@@ -18,7 +18,10 @@ subprocess, and checks the contract:
 * exit 0: every output present and strict JSON, ``partial`` the same in every output and true
   exactly when a side was salvaged;
 * a tensor leaf redirected outside its dump folder is never read in tensor mode, and a hostile
-  pickle's marker file never appears.
+  pickle's marker file never appears;
+* the views hold no dump text in a form their viewer would run or mis-render (issue 18): no
+  control or format character on stdout, stderr or in output_4's markdown, every markdown table
+  row as wide as its header, no CSV cell that starts like a formula unless it is a number.
 
 Every case is reproducible from ``--seed`` and its index: ``--case I --keep --out DIR`` reruns
 one case and keeps its folder (inputs, outputs, and a ``repro.sh``).
@@ -30,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import csv
 import json
 import math
 import os
 import pickle
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -44,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +73,10 @@ COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "out
 ROOTCAUSE_OUTPUTS = COMPARE_OUTPUTS + ("output_5_root_cause_report.json",)
 OUTPUT_JSON = [n for n in COMPARE_OUTPUTS if n.endswith(".json")]
 MARKER = "PWNED"            # hostile pickles try to create files named PWNED*
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")   # what a spreadsheet runs (safetext.csv_cell)
+INVISIBLE = ("Cc", "Cf", "Zl", "Zp", "Cs")        # what a terminal or viewer acts on (safetext.visible)
+# A CSV number cell as the writer formats them (ints, %.6g floats, NaN/Infinity strings).
+NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|[+-]?(Infinity|inf|NaN|nan)")
 STAT_FIELDS = ("Max", "Min", "Mean", "Norm")
 LEAF_FIELDS = STAT_FIELDS + ("dtype", "shape", "type", "requires_grad", "data_name", "md5")
 
@@ -1268,6 +1278,9 @@ def check_run(run: Run, case: Case, out_dir: Path, expected: tuple, before: dict
             v.append(f"{name}: exit 0 but missing outputs {missing}")
         else:
             v += check_outputs(name, out_dir, case)
+            v += check_views(name, out_dir, run.stdout)
+    if bad := _invisible(run.stderr):
+        v.append(f"{name}: control character {bad[0]!r} on stderr")
     if compare_rc is not None and run.returncode is not None and compare_rc in (0, 2) \
             and run.returncode != compare_rc:
         v.append(f"{name}: exit {run.returncode} but run_compare.py exited {compare_rc}: "
@@ -1328,6 +1341,43 @@ def check_outputs(name: str, out_dir: Path, case: Case) -> list[str]:
             return v + [f"{name}: output_5 is not strict JSON: {exc}"]
         if rep.get("partial") != salvaged:
             v.append(f"{name}: output_5 partial={rep.get('partial')} but salvage={salvaged}")
+    return v
+
+
+def _invisible(text: str) -> list[str]:
+    return [c for c in text if c != "\n" and unicodedata.category(c) in INVISIBLE]
+
+
+def _markdown_columns(row: str) -> int:
+    """Columns of a markdown table row: the pipes no backslash escapes, minus the outer two."""
+    pipes, i = 0, 0
+    while i < len(row):
+        if row[i] == "\\":
+            i += 2
+            continue
+        pipes += row[i] == "|"
+        i += 1
+    return pipes - 1
+
+
+def check_views(name: str, out_dir: Path, stdout: str) -> list[str]:
+    """Dump text in a view in a form the viewer would run or mis-render (issue 18)."""
+    v = []
+    if bad := _invisible(stdout):
+        v.append(f"{name}: control character {bad[0]!r} on stdout")
+    for path in sorted(out_dir.glob("output_*.csv")):
+        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+            cells = [c for row in csv.reader(fh) for c in row]
+        if formula := next((c for c in cells if c.startswith(FORMULA_START) and not NUMBER.fullmatch(c)), None):
+            v.append(f"{name}: {path.name} cell starts like a formula: {formula[:60]!r}")
+    md = out_dir / "output_4_module_analysis.md"
+    if md.is_file():
+        text = md.read_text(encoding="utf-8", errors="replace")
+        if bad := _invisible(text):
+            v.append(f"{name}: control character {bad[0]!r} in {md.name}")
+        widths = {_markdown_columns(ln) for ln in text.splitlines() if ln.startswith("|")}
+        if len(widths) > 1:
+            v.append(f"{name}: {md.name} table rows of {sorted(widths)} columns")
     return v
 
 

@@ -176,3 +176,20 @@ def test_check_outputs_flags_a_leaf_read_beyond_the_dump_folder(tmp_path):
     sources["rollout"]["salvage"] = {"entries_recovered": 1, "last_complete_key": "K", "byte_offset": 3}
     (out / "output_1_key_mapping.json").write_text(json.dumps({"partial": False, "sources": sources}))
     assert any("partial" in v for v in F.check_outputs(F.COMPARE.name, out, case))
+
+
+def test_check_views_flags_formulas_control_characters_and_broken_tables(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "output_1_key_mapping.csv").write_text("side,path,n\ntrain,'=HYPERLINK(1),-1.5\n")
+    (out / "output_4_module_analysis.md").write_text("| a | b |\n|---|---|\n| x\\|y | z |\n")
+    assert F.check_views(F.COMPARE.name, out, "first divergence: \\x1b[31mred\n") == []
+    (out / "output_1_key_mapping.csv").write_text("side,path\ntrain,@SUM(1+1)\n")
+    (out / "output_4_module_analysis.md").write_text("| a | b |\n|---|---|\n| x|y | \u202ez |\n")
+    text = "\n".join(F.check_views(F.COMPARE.name, out, "first divergence: \x1b[31mred\n"))
+    assert "control character '\\x1b' on stdout" in text
+    assert "output_1_key_mapping.csv cell starts like a formula: '@SUM(1+1)'" in text
+    assert "control character '\\u202e' in output_4_module_analysis.md" in text
+    assert "table rows of [2, 3] columns" in text
+    v = F.check_run(_run(2, "error: Module.\x1b[2J: bad\n"), _case(tmp_path), out, F.COMPARE_OUTPUTS, {}, {}, {})
+    assert any("control character '\\x1b' on stderr" in x for x in v)

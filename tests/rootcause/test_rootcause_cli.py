@@ -136,6 +136,9 @@ def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
     shutil.copytree(SKILL, skills / SKILL.name, ignore=IGNORE)
     entry = skills / SIBLING.name / "scripts" / "run_compare.py"
     entry.parent.mkdir(parents=True)
+    # The stub keeps the real safe-text module, which the root-cause skill loads before it runs.
+    (entry.parent / "dumpcompare").mkdir()
+    shutil.copy(SIBLING / "scripts" / "dumpcompare" / "safetext.py", entry.parent / "dumpcompare")
     entry.write_text("import sys\nprint('warming up')\nprint('error: compare exploded on purpose', file=sys.stderr)\n"
                      "sys.exit(3)\n")
     train, rollout = small_pair(tmp_path / "pair")
@@ -144,6 +147,21 @@ def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
     assert res.code == 2
     line = one_line_error(res.err)
     assert "compare exploded on purpose" in line
+
+
+def test_sibling_without_its_safe_text_module_exits_2_naming_it(tmp_path, script):
+    """The root-cause skill escapes names with the sibling's safetext.py: without it, one line."""
+    skills = tmp_path / "skills"
+    for src in (SKILL, SIBLING):
+        shutil.copytree(src, skills / src.name, ignore=IGNORE)
+    (skills / SIBLING.name / "scripts" / "dumpcompare" / "safetext.py").unlink()
+    train, rollout = small_pair(tmp_path / "pair")
+    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
+                 "--out-dir", tmp_path / "out")
+    assert res.code == 2
+    line = one_line_error(res.err)
+    assert "safetext.py" in line and "dump-module-mapping-value-compare" in line
+    assert not (tmp_path / "out").exists()
 
 
 def test_copied_skills_run_and_write_only_inside_out_dir(tmp_path, script):

@@ -18,7 +18,8 @@ from .loaders.joining import join_stages, join_steps, layer_numbers
 from .loaders.parallel import default_jobs, load_files
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
-from .outputs import write_atomic, write_csv, write_json
+from .outputs import COMPARE_OUTPUTS, remove_stale, write_atomic, write_csv, write_json
+from .safetext import visible
 from .unshard import merge_ranks, rank_relation
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> dict:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", doc4)
     write_atomic(out / "output_4_module_analysis.md", md4)
+    # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
+    remove_stale(out, COMPARE_OUTPUTS)
     say("done")
     if not args.quiet:
         _summary(doc2["summary"], doc4, sources, mode, out)
@@ -153,7 +156,9 @@ def _progress(quiet: bool, paths: list[Path]):
 
 
 def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
-    p = print
+    def p(line: str) -> None:
+        # Names come from the dumps: no escape sequence of theirs reaches the terminal.
+        print(visible(line))
     p(f"train:   {sources['train']['path']} ({sources['train']['family']}, {s['train_modules']} forward modules)")
     p(f"rollout: {sources['rollout']['path']} ({sources['rollout']['family']}, {s['rollout_modules']} forward modules)")
     for side in ("train", "rollout"):
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {visible(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -199,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         import os
         if os.environ.get("DUMPCOMPARE_DEBUG"):
             raise
-        print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+        print(f"internal error: {type(exc).__name__}: {visible(' '.join(str(exc).split()))} "
               f"(set DUMPCOMPARE_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
     return 0

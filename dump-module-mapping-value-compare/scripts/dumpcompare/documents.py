@@ -9,6 +9,9 @@ from .mapping import MappingPlan
 from .naming import ModuleRecord
 from .outputs import fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
+from .safetext import markdown
+
+TOP_CANDIDATES = 5   # rank 1-2 modules listed above output_4's table; the rest are in the table
 
 
 def source_info(dump: Dump, family: str, plan=None, layout=None) -> dict:
@@ -159,23 +162,51 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
     return doc, _markdown_4(verdicts, first, partial, comparability)
 
 
+def _names(modules: list[str]) -> str:
+    return markdown(", ".join(modules))
+
+
+def _verdict_line(verdicts, first, comparability) -> str:
+    top = [v for v in verdicts if v.module_priority_rank <= 2]
+    if not comparability.get("comparable", True):
+        return ("**Verdict:** the two dumps may not be comparable: "
+                + markdown("; ".join(comparability["reasons"])) + ".")
+    if not first.get("pair"):
+        return "**Verdict:** no module output differs beyond tolerance."
+    return (f"**Verdict:** {len(top)} root-cause candidate(s) (module_priority_rank 1-2); "
+            f"first divergence at pair {markdown(first['pair'])}.")
+
+
 def _markdown_4(verdicts, first, partial, comparability) -> str:
-    lines = ["# Module analysis (output_4)", ""]
+    """The people's view of output_4: what to read first, then every pair in execution order.
+
+    Every name comes from a dump, so each goes through safetext.markdown (escaped, no code spans:
+    a backtick inside a code span cannot be escaped).
+    """
+    lines = ["# Module analysis (output_4)", "", _verdict_line(verdicts, first, comparability), ""]
     if partial:
         lines += ["**Partial analysis**: at least one dump was damaged; see output_1 `sources`.", ""]
-    if not comparability.get("comparable", True):
-        lines += ["**The two dumps may not be comparable:** " + "; ".join(comparability["reasons"]), ""]
     if first.get("pair"):
-        lines += [f"First divergence: `{', '.join(first['train_modules'])}` (train) / "
-                  f"`{', '.join(first['rollout_modules'])}` (rollout), status {first['status']}, "
-                  f"first diverging tensor `{first['point']}`.", ""]
+        lines += [f"**First divergence:** {_names(first['train_modules'])} (train) / "
+                  f"{_names(first['rollout_modules'])} (rollout), status {first['status']}, "
+                  f"first diverging tensor {markdown(first['point'] or '-')}.", ""]
     else:
-        lines += ["No module output differs beyond tolerance.", ""]
-    lines += ["| rank | pair | layer | train module | rollout module | in | param | out | amp | status |",
+        lines += ["**First divergence:** none.", ""]
+    top = [v for v in verdicts if v.module_priority_rank <= 2]
+    if top:
+        lines += ["**Top candidates** (module_priority_rank 1-2, in execution order):", ""]
+        lines += [f"{i}. rank {v.module_priority_rank}, pair {v.pid}: {_names(v.train_modules)} (train) / "
+                  f"{_names(v.rollout_modules)} (rollout): {v.status} ({markdown(v.rank_reason)})"
+                  for i, v in enumerate(top[:TOP_CANDIDATES], 1)]
+        if len(top) > TOP_CANDIDATES:
+            lines.append(f"{len(top) - TOP_CANDIDATES} more rank 1-2 modules in the table below.")
+        lines.append("")
+    lines += ["## Every mapped pair, in execution order", "",
+              "| rank | pair | layer | train module | rollout module | in | param | out | amp | status |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| {v.module_priority_rank} | {v.pid} | {fmt(v.layer)} | {', '.join(v.train_modules)} | "
-                     f"{', '.join(v.rollout_modules)} | {v.input_status} | {v.parameter_status} | "
+        lines.append(f"| {v.module_priority_rank} | {v.pid} | {fmt(v.layer)} | {_names(v.train_modules)} | "
+                     f"{_names(v.rollout_modules)} | {v.input_status} | {v.parameter_status} | "
                      f"{v.output_status} | {fmt(v.amplification)} | {v.status} |")
     return "\n".join(lines) + "\n"
 

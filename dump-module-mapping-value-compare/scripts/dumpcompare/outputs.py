@@ -15,7 +15,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .safetext import csv_cell
+
 SCHEMA_VERSION = "2.0"
+# Every output file name of the two skills: the compare skill writes the first eight, the
+# root-cause skill output_5's JSON, and the agent output_5's markdown from it.
+COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "output_2_mapping.json",
+                   "output_2_mapping.csv", "output_3_value_compare.json", "output_3_value_compare.csv",
+                   "output_4_module_analysis.json", "output_4_module_analysis.md")
+OUR_OUTPUTS = COMPARE_OUTPUTS + ("output_5_root_cause_report.json", "output_5_root_cause_report.md")
+# JSON outputs whose compact form is longer than this stay compact (see write_json).
+INDENT_MAX_CHARS = 2 << 20
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -60,6 +70,19 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:
+    """Remove the files of OUR_OUTPUTS in ``out_dir`` that this run did not write.
+
+    A run owns its out-dir's output_* files, so that outputs of different runs never sit side by
+    side; anything else in the folder (not one of these exact names, or not a plain file or
+    link) is left alone.
+    """
+    for name in OUR_OUTPUTS:
+        path = out_dir / name
+        if name not in written and (path.is_symlink() or path.is_file()):
+            path.unlink()
+
+
 def _fields(obj: Any) -> dict:
     fields = getattr(obj, "__dataclass_fields__", None)
     if fields is None:
@@ -67,26 +90,38 @@ def _fields(obj: Any) -> dict:
     return {name: getattr(obj, name) for name in fields}
 
 
-def write_json(path: Path, doc: dict) -> None:
-    """Write a JSON document with ``schema_version`` first."""
-    body = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in doc.items() if k != "schema_version"}}
-    # Compact: these files are read by programs (the CSV and markdown views are for people).
-    opts = {"ensure_ascii": False, "allow_nan": False, "separators": (",", ":")}
+def _encode(body: dict, **opts) -> str:
     try:
-        # Fast path in the C encoder; it refuses NaN/Infinity, which only then need the slow pass.
-        text = json.dumps(body, default=_fields, **opts)
+        # Fast path; it refuses NaN/Infinity, which only then need the slow pass through clean().
+        return json.dumps(body, default=_fields, ensure_ascii=False, allow_nan=False, **opts)
     except ValueError:
-        text = json.dumps(clean(body), **opts)
+        return json.dumps(clean(body), ensure_ascii=False, allow_nan=False, **opts)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Write a JSON document with ``schema_version`` first: indented when small, compact when large.
+
+    Indentation makes a file an agent reads whole readable; above INDENT_MAX_CHARS nobody reads it
+    whole, it grows by about 40% and takes 3-7x longer to encode (indentation leaves the C encoder),
+    so it stays one line (measurements in references/output_schemas.md).
+    """
+    body = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in doc.items() if k != "schema_version"}}
+    text = _encode(body, separators=(",", ":"))
+    if len(text) <= INDENT_MAX_CHARS:
+        text = _encode(body, indent=1)
     write_atomic(path, text + "\n")
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    """Write a CSV view (non-finite numbers as 'NaN'/'Infinity', lists joined with ';')."""
+    """Write a CSV view (non-finite numbers as 'NaN'/'Infinity', lists joined with ';').
+
+    Cells a spreadsheet would run as formulas get a leading ``'`` (safetext.csv_cell).
+    """
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(header)
     for row in rows:
-        w.writerow([_cell(c) for c in row])
+        w.writerow([csv_cell(_cell(c)) for c in row])
     write_atomic(path, buf.getvalue())
 
 

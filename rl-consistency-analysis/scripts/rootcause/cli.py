@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     out = Path(args.out_dir)
     try:
+        safe = sibling.load_safetext(SKILL_ROOT)
+    except sibling.SiblingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         if not args.reuse_outputs:
             sibling.run(sibling.locate(SKILL_ROOT), _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
@@ -68,17 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
         report.write(out, doc)
     except (sibling.SiblingError, evidence.EvidenceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback
         import os
         if os.environ.get("ROOTCAUSE_DEBUG"):
             raise
-        print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+        print(f"internal error: {type(exc).__name__}: {safe.visible(' '.join(str(exc).split()))} "
               f"(set ROOTCAUSE_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(report.summary(doc, out))
+        print(report.summary(doc, out, safe.visible))
     if args.fail_on_finding and doc["verdict"] != "no_credible_divergence":
         return 1
     return 0

@@ -9,6 +9,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .evidence import Evidence
 from .triage import Triage
@@ -17,6 +18,8 @@ SCHEMA_VERSION = "2.0"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 REPORT = "output_5_root_cause_report.json"
+# Written by the agent from REPORT; a new REPORT makes an existing one stale.
+AGENT_REPORT = "output_5_root_cause_report.md"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
          "next_checks")
@@ -53,7 +56,11 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
 
 
 def write(out_dir: Path, doc: dict) -> Path:
-    """Write the report atomically inside ``out_dir``."""
+    """Write the report atomically inside ``out_dir`` and remove the agent's markdown of an older one.
+
+    The compare step already removes both output_5 files when it rewrites output_1..4; this covers
+    ``--reuse-outputs``, where it does not run.
+    """
     path = out_dir / REPORT
     fd, tmp = tempfile.mkstemp(prefix=f".{REPORT}.", suffix=".tmp", dir=out_dir)
     try:
@@ -66,6 +73,9 @@ def write(out_dir: Path, doc: dict) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    stale = out_dir / AGENT_REPORT
+    if stale.is_symlink() or stale.is_file():
+        stale.unlink()
     return path
 
 
@@ -75,8 +85,12 @@ def _name(x) -> str:
     return ", ".join(x) if isinstance(x, list) else str(x)
 
 
-def summary(doc: dict, out_dir: Path) -> str:
-    """A few lines for the terminal: verdict, top cause, where to look next."""
+def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
+    """A few lines for the terminal: verdict, top cause, where to look next.
+
+    ``visible`` is the sibling's safetext.visible: every line carries names from the dumps, so each
+    is printed with control characters as visible escapes.
+    """
     lines = []
     s = doc.get("summary") or {}
     if s:
@@ -105,4 +119,4 @@ def summary(doc: dict, out_dir: Path) -> str:
     lines.append(f"suppressed as structural: {len(doc['suppressed'])}")
     lines.append(f"evidence: {out_dir / REPORT}; write the final output_5_root_cause_report.md from "
                  f"references/report_template.md")
-    return "\n".join(lines)
+    return "\n".join(visible(line) for line in lines)

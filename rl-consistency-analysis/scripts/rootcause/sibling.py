@@ -1,26 +1,53 @@
-"""Run the sibling compare skill as a subprocess (argument list, never a shell)."""
+"""The sibling compare skill: run it as a subprocess (argument list, never a shell), and load its
+safe-text module.
+
+Both skills must escape dump names for their views with one implementation. This skill imports
+nothing from the sibling's package (the two share only files), so the one module it needs,
+``dumpcompare/safetext.py`` (standard library only), is loaded by file path from the sibling folder
+found next to this skill, the same folder whose ``run_compare.py`` it runs. A missing sibling is the
+same one-line error (exit 2) either way.
+"""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 PROGRESS_PREFIX = "[run_compare "
 SIBLING = "dump-module-mapping-value-compare"
 ENTRY = Path("scripts") / "run_compare.py"
+SAFETEXT = Path("scripts") / "dumpcompare" / "safetext.py"
 
 
 class SiblingError(Exception):
     """The sibling skill is missing or could not produce its outputs (exit 2)."""
 
 
+def _sibling_file(skill_root: Path, entry: Path) -> Path:
+    path = skill_root.parent / SIBLING / entry
+    if not path.is_file():
+        raise SiblingError(f"{path}: sibling skill '{SIBLING}' not found next to {skill_root.name}/ "
+                           f"(both folders must sit in the same skills directory)")
+    return path
+
+
 def locate(skill_root: Path) -> Path:
     """Path of the sibling's run_compare.py next to this skill's folder."""
-    script = skill_root.parent / SIBLING / ENTRY
-    if not script.is_file():
-        raise SiblingError(f"{script}: sibling skill '{SIBLING}' not found next to {skill_root.name}/ "
-                           f"(both folders must sit in the same skills directory)")
-    return script
+    return _sibling_file(skill_root, ENTRY)
+
+
+def load_safetext(skill_root: Path) -> ModuleType:
+    """The sibling's safetext module (escaping of dump names per view), loaded by file path."""
+    path = _sibling_file(skill_root, SAFETEXT)
+    spec = importlib.util.spec_from_file_location("rootcause_sibling_safetext", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (OSError, SyntaxError, ImportError) as exc:
+        raise SiblingError(f"{path}: cannot load the sibling's safe-text module ({exc})") from None
+    return module
 
 
 def run(script: Path, argv: list[str], progress: bool = False) -> None:

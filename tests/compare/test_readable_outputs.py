@@ -1,0 +1,49 @@
+"""Readable outputs (issue 13, item 3): small JSON outputs indented, large ones compact, and
+output_4's markdown starting with what an agent needs first."""
+from __future__ import annotations
+
+import json
+
+from compare.test_compare_support import OUTPUT_JSON, synth_dirs  # noqa: F401 (fixture)
+from dumpcompare import outputs
+from synth import faults as F
+
+
+def test_small_json_outputs_are_indented_and_exact(tmp_path):
+    doc = {"name": '=HYPERLINK("x")\u202e', "value": 1.5, "bad": float("nan"), "list": [1, 2]}
+    outputs.write_json(tmp_path / "a.json", doc)
+    text = (tmp_path / "a.json").read_text(encoding="utf-8")
+    assert text.startswith('{\n "schema_version": "2.0",\n "name": ')
+    assert json.loads(text) == {"schema_version": "2.0", **doc, "bad": "NaN"}
+
+
+def test_json_outputs_above_the_threshold_stay_compact(tmp_path, monkeypatch):
+    doc = {"results": [{"cid": i, "error": i / 7} for i in range(50)], "bad": float("inf")}
+    outputs.write_json(tmp_path / "small.json", doc)
+    size = len((tmp_path / "small.json").read_text().splitlines())
+    assert size > 100
+    monkeypatch.setattr(outputs, "INDENT_MAX_CHARS", 1000)
+    outputs.write_json(tmp_path / "big.json", doc)
+    text = (tmp_path / "big.json").read_text()
+    assert text.count("\n") == 1 and len(text) > 1000
+    assert json.loads(text) == json.loads((tmp_path / "small.json").read_text())
+
+
+def test_outputs_are_indented_and_markdown_starts_with_the_finding(synth_dirs):
+    out, _, _ = synth_dirs(layers=4, faults=[F.CorruptWeight("rollout", "gate", 2)])
+    for name in OUTPUT_JSON:
+        assert (out.dir / name).read_text().count("\n") > 100, name
+    md = (out.dir / "output_4_module_analysis.md").read_text()
+    lines = [ln for ln in md.splitlines() if ln]
+    assert lines[0] == "# Module analysis (output_4)"
+    assert lines[1].startswith("**Verdict:** ")
+    assert lines[2].startswith("**First divergence:** model.layers.2.mlp.gate_proj, model.layers.2.mlp.up_proj "
+                               "(train) / model.layers.2.mlp.gate_up_proj (rollout)")
+    assert lines[3].startswith("**Top candidates**")
+    top = out.ranked()
+    assert [ln for ln in lines if ln[0].isdigit()] == [
+        f"{i}. rank {m['module_priority_rank']}, pair {m['pid']}: {', '.join(m['train_modules'])} (train) / "
+        f"{', '.join(m['rollout_modules'])} (rollout): {m['status']} ({m['rank_reason']})"
+        for i, m in enumerate(top[:5], 1)]
+    assert "model.layers.2.mlp.gate_up_proj" in lines[4]
+    assert md.index("**Top candidates**") < md.index("| rank | pair |")
