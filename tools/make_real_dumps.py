@@ -42,12 +42,21 @@ def _round(x):
     return x
 
 
+_SAVED = set()
+
+
 def _save_model(family, root):
+    """The checkpoint the family's cases were built from, rewritten once per run (weights may have
+    changed since the last one)."""
     from real_dumps import families
 
+    if family in _SAVED:
+        return
     dest = root / "_models" / family
-    if not dest.exists():
-        families.hf_model(family).save_pretrained(dest, safe_serialization=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    families.hf_model(family).save_pretrained(dest, safe_serialization=True)
+    _SAVED.add(family)
 
 
 def make_case(case, root):
@@ -79,7 +88,8 @@ def main(argv=None):
     if args.list:
         for c in CASES.values():
             fault = c.fault["kind"] + "@" + c.fault["side"] if c.fault else "clean"
-            print(f"{c.name:40} {c.family:8} {c.mode:10} tp={c.rollout_tp} steps={c.new_tokens} {fault}")
+            print(f"{c.name:40} {c.family:9} {c.mode:10} {c.train_layout:5} {c.rollout_engine:6} "
+                  f"tp={c.rollout_tp} steps={c.new_tokens} {fault}")
         return 0
     unknown = [n for n in args.only or [] if n not in CASES]
     if unknown:
