@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from mldebug_common import (Finding, InputError, fmt_num, load_metric_log, make_parser,
+from metric_logs import load_metric_log
+from mldebug_common import (Finding, InputError, fmt_num, make_parser,
                             report_each, run)
 
 TOOL = "check_overfit"

@@ -278,61 +278,7 @@ def cell_problem(cell: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Metric logs (JSONL, CSV, or key=value text)
-
-STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "epoch")
-_KV = re.compile(r"(?<![\w./-])([A-Za-z][\w./-]*)\s*[=:]\s*"
-                 r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
-                 r")(?![\w.:])", re.IGNORECASE)
-
-
-@dataclass
-class LogRow:
-    """One log line that carried at least one numeric value."""
-
-    line: int
-    raw: str
-    values: dict[str, float]
-
-
-@dataclass
-class MetricLog:
-    """A parsed metrics log: its rows, the format detected, and the number of lines read."""
-
-    path: str
-    fmt: str
-    rows: list[LogRow]
-    n_lines: int
-
-    def keys(self) -> list[str]:
-        """Every numeric key, in order of first appearance."""
-        seen: dict[str, None] = {}
-        for row in self.rows:
-            for k in row.values:
-                seen.setdefault(k, None)
-        return list(seen)
-
-    def step_key(self, wanted: str | None = None) -> str | None:
-        """The key that orders the rows: `wanted` if given and present, else a usual step name."""
-        keys = self.keys()
-        if wanted:
-            if wanted not in keys:
-                raise InputError(f"{self.path}: step key '{wanted}' not found (keys: {', '.join(keys)})")
-            return wanted
-        return next((k for k in STEP_KEYS if k in keys), None)
-
-    def series(self, key: str, step_key: str | None) -> list[tuple[float, float, LogRow]]:
-        """(step, value, row) for every row holding `key`.
-
-        Without a step key the row index stands in for the step. With one, rows lacking it (a
-        config line echoing lr=3e-4, say) are skipped because they have no place on the curve.
-        """
-        out = []
-        for i, row in enumerate(self.rows):
-            if key not in row.values or (step_key and step_key not in row.values):
-                continue
-            out.append((row.values[step_key] if step_key else float(i), row.values[key], row))
-        return out
+# Rows of JSONL and CSV files
 
 
 def to_float(value: object) -> float | None:
@@ -349,13 +295,13 @@ def to_float(value: object) -> float | None:
     return None
 
 
-def _flatten(obj: dict, prefix: str = "") -> dict[str, object]:
+def flatten(obj: dict, prefix: str = "") -> dict[str, object]:
     """Flatten nested dicts to "outer/inner" keys, the way most loggers name nested metrics."""
     flat: dict[str, object] = {}
     for k, v in obj.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            flat.update(_flatten(v, key + "/"))
+            flat.update(flatten(v, key + "/"))
         else:
             flat[key] = v
     return flat
@@ -413,33 +359,6 @@ def read_records(path: str, text: str, fmt: str) -> list[Record]:
             records.append(Record(line, lines[line - 1] if line - 1 < len(lines) else ",".join(cells),
                                   dict(zip(header, cells))))
     return records
-
-
-def parse_metric_log(path: str, text: str, fmt: str | None = None) -> MetricLog:
-    """Parse a metrics log; rows without any numeric value are skipped but still counted as lines."""
-    fmt = fmt or sniff_format(path, text)
-    rows: list[LogRow] = []
-    if fmt in ("jsonl", "csv"):
-        for rec in read_records(path, text, fmt):
-            vals = {k: f for k, v in _flatten(rec.fields).items() if (f := to_float(v)) is not None}
-            if vals:
-                rows.append(LogRow(rec.line, rec.raw, vals))
-    elif fmt == "text":
-        for i, raw in enumerate(text.splitlines(), 1):
-            vals = {m.group(1): float(m.group(2)) for m in _KV.finditer(raw)}
-            if vals:
-                rows.append(LogRow(i, raw, vals))
-    else:
-        raise InputError(f"{path}: unknown format '{fmt}' (use jsonl, csv or text)")
-    return MetricLog(path, fmt, rows, len(text.splitlines()))
-
-
-def load_metric_log(path: str, fmt: str | None = None) -> MetricLog:
-    """Read and parse a metrics log, raising InputError when it holds no numeric rows."""
-    log = parse_metric_log(path, read_text(path), fmt)
-    if not log.rows:
-        raise InputError(f"{path}: no numeric values found (expected JSONL, CSV or key=value lines)")
-    return log
 
 
 LOWER_IS_BETTER = re.compile(r"loss|nll|perplexity|ppl|error|err\b|mse|mae|rmse|regret", re.IGNORECASE)
