@@ -26,7 +26,8 @@ AXIS_KEYS = frozenset(STEP_KEYS) | {"timestamp", "_timestamp", "_runtime", "wall
                                     "time_stamp", "relative_time"}
 NOT_LOGS = {".py": "Python source", ".md": "Markdown", ".ipynb": "a notebook", ".yaml": "YAML",
             ".yml": "YAML", ".toml": "TOML", ".html": "HTML", ".pdf": "a PDF"}
-_KV = re.compile(r"(?<![\w./-])['\"]?([A-Za-z_][\w./-]*)['\"]?\s*[=:]\s*"
+# A `file.py:328` source location is not a metric, hence the look-behind after the key.
+_KV = re.compile(r"(?<![\w./-])['\"]?([A-Za-z_][\w./-]*)(?<!\.py)['\"]?\s*[=:]\s*"
                  r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
                  r")(?![\w.:])", re.IGNORECASE)
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")

@@ -60,6 +60,11 @@ def pick_points(steps: np.ndarray, by_step: bool) -> dict[str, int]:
     return out
 
 
+def is_set_value(name: str, expect_constant: set[str]) -> bool:
+    """True for a value the configuration sets: a schedule name or one the user marked constant."""
+    return bool(SCHEDULED.search(name)) or name in expect_constant
+
+
 def step_noise(values: np.ndarray) -> float:
     """Robust size of the step-to-step noise: scaled MAD of first differences over sqrt(2)."""
     if len(values) < 3:
@@ -288,7 +293,7 @@ def main() -> int:
             raise InputError(f"{path}: metric(s) not in log: {', '.join(missing)}")
         curves = [c for m in names if (c := analyse(log, m, step_key, args.spike_z,
                                                       bool(LOWER_IS_BETTER.search(m)) or m in extra_lower,
-                                                      bool(SCHEDULED.search(m)) or m in expect_constant))]
+                                                      is_set_value(m, expect_constant)))]
         file_findings = backwards_steps(log, step_key) + [f for c in curves for f in c.findings]
         findings += file_findings
         texts.append(p1_table(curves) if args.p1_table else summary_table(log, curves, step_key))
