@@ -246,7 +246,8 @@ class GuideChecker:
             if label not in fields:
                 self.add(sec.line, "TG-FIELD-MISSING", f"stage '{sec.title}' lacks '{label.capitalize()}:'")
             elif not "".join(t for _, t in fields[label][1]).strip() or all(
-                    is_blank(t) for _, t in fields[label][1]):
+                    is_blank(t) and t.strip().lower().rstrip(".") != "none" for _, t in fields[label][1]):
+                # In a guide "none" is an answer (no evidence missing), unlike in a table cell.
                 self.add(fields[label][0], "TG-FIELD-EMPTY",
                          f"stage '{sec.title}': '{label.capitalize()}:' is empty")
         for label in CAPS:

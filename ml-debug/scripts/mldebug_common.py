@@ -170,8 +170,13 @@ def read_text(path: str | Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # Markdown tables
 
-_PLACEHOLDER = re.compile(r"^(?:-+|\u2014|\u2013|\?+|tbd|todo|\.\.\.|\u2026|<[^<>]*>)?$", re.IGNORECASE)
+# Stand-ins that say nothing: dashes, question marks, n/a, none, xx, (blank), ..., tbd, <fill in>.
+_PLACEHOLDER = re.compile(r"^(?:-+|\u2014|\u2013|\?+|tbd|tba|todo|n/?a|none|null|nil|x+|\(?blank\)?|"
+                          r"\.\.\.|\u2026|<[^<>]*>)?\.?$", re.IGNORECASE)
 _UNKNOWN = re.compile(r"^\W*unknown\b(.*)$", re.IGNORECASE | re.DOTALL)
+# "unknown: same", "unknown: same as the start column", "unknown: ditto", "unknown: as above".
+_BACK_REFERENCE = re.compile(r"^\W*(?:same|ditto|as above)(?:\s+as\s+(?:the\s+)?(?P<column>[\w ?()/:-]+?)"
+                             r"(?:\s+column)?)?\W*$", re.IGNORECASE)
 
 
 @dataclass
@@ -255,12 +260,35 @@ def parse_tables(text: str) -> list[Table]:
 
 
 def is_blank(cell: str) -> bool:
-    """True for an empty cell or a stand-in that says nothing ("-", "?", "TBD", "<fill in>")."""
+    """True for an empty cell or a stand-in that says nothing ("-", "?", "n/a", "none", "<fill in>")."""
     return bool(_PLACEHOLDER.match(cell.strip()))
 
 
-def unknown_problem(cell: str) -> str | None:
-    """If a cell says "unknown", require it to say what would fill it (two or more more words)."""
+def back_reference(cell: str) -> tuple[bool, str | None] | None:
+    """For "unknown: same [as the X column]": (True, X or None); None when the cell is no such reference."""
+    m = _UNKNOWN.match(cell.strip())
+    ref = _BACK_REFERENCE.match(m.group(1)) if m else None
+    if not ref:
+        return None
+    return True, normalize_header(ref.group("column")) if ref.group("column") else None
+
+
+def unknown_problem(cell: str, earlier: dict[str, str] | None = None) -> str | None:
+    """If a cell says "unknown", require it to say what would fill it (two or more more words).
+
+    A cell may instead refer back ("unknown: same", "unknown: same as the start column") to an
+    earlier cell of its row, given as `earlier` (normalised header -> cell), that says it in full.
+    """
+    ref = back_reference(cell)
+    if ref is not None:
+        column = ref[1]
+        targets = [earlier.get(column, "")] if column and earlier and column in earlier else \
+            list((earlier or {}).values()) if not column else []
+        if any(_UNKNOWN.match(t.strip()) and unknown_problem(t) is None for t in targets):
+            return None
+        where = f"the '{column}' column" if column else "an earlier cell of this row"
+        return (f"'unknown: same' refers back, but {where} does not say what would fill it; "
+                "write it out, e.g. 'unknown: needs the eval log of job 12'")
     m = _UNKNOWN.match(cell.strip())
     if not m:
         return None
@@ -270,11 +298,14 @@ def unknown_problem(cell: str) -> str | None:
     return "'unknown' must say what would fill it, e.g. 'unknown: needs the eval log of job 12'"
 
 
-def cell_problem(cell: str) -> str | None:
-    """Message for a cell that is empty, a placeholder, or a bare "unknown"; None when filled."""
+def cell_problem(cell: str, earlier: dict[str, str] | None = None) -> str | None:
+    """Message for a cell that is empty, a placeholder, or a bare "unknown"; None when filled.
+
+    `earlier` holds the row's previous cells by normalised header, for back references.
+    """
     if is_blank(cell):
         return "empty cell" if not cell.strip() else f"placeholder '{cell.strip()}' left in cell"
-    return unknown_problem(cell)
+    return unknown_problem(cell, earlier)
 
 
 # ---------------------------------------------------------------------------------------------
