@@ -114,7 +114,7 @@ def test_rule_evidence_b_metric(example):
 
 @pytest.mark.parametrize("exposure, names", [
     ("; exposed by a metric.", ""),
-    ("; exposed by the held-out arm.", "held-out"),
+    ("; exposed by the shuffled-prompt arm.", "shuffled-prompt"),
     ("; caught by `answer_entropy`.", "answer_entropy"),
 ])
 def test_rule_exposure_must_name_a_metric_or_arm_the_document_defines(example, exposure, names):
