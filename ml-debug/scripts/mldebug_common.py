@@ -1,8 +1,9 @@
 """Helpers shared by the ml-debug checkers.
 
 One place for the things every checker needs: the credence scale, reading a file or failing with
-exit 2, Markdown table parsing, metric-log parsing, and the common human/JSON report format.
-Standard library plus numpy only, so the checkers run wherever the training code runs.
+exit 2, Markdown table parsing, JSONL/CSV rows, and the common human/JSON report format (metric
+logs are read by metric_logs.py). Standard library only, so the checkers run wherever the training
+code runs. Run directly to print the credence scale the checkers enforce.
 """
 from __future__ import annotations
 
@@ -486,3 +487,20 @@ def run(tool: str, main: Callable[[], int]) -> None:
     except BrokenPipeError:
         code = 0
     sys.exit(code)
+
+
+def main() -> int:
+    """Print the credence scale the checkers enforce (as JSON with --json)."""
+    parser = make_parser("mldebug_common.py", __doc__, "Exit 0.")
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps({"schema_version": SCHEMA_VERSION,
+                          "credence_scale": [{"word": w, "low": lo, "high": hi} for w, lo, hi in CREDENCE_SCALE]},
+                         indent=2))
+    else:
+        print("credence scale (Kesselman 2008): " + scale_text())
+    return 0
+
+
+if __name__ == "__main__":
+    run("mldebug_common", main)
