@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mldebug_common import Finding, InputError, make_parser, read_text, report, run
-from tensor_flow import LOSSES, benign_detach, normalised_twice, parents_of, reference_forward
+from tensor_flow import (LOSSES, benign_detach, call_name, last, normalised_twice, parents_of,
+                         reference_forward)
 
 TOOL = "scan_silent_bugs"
 SUPPRESS = re.compile(r"#\s*ml-debug:\s*ok\b", re.IGNORECASE)
@@ -111,25 +112,6 @@ LINE_PATTERNS = (
 PER_EPOCH_SCHEDULERS = ("StepLR", "MultiStepLR", "ExponentialLR", "ReduceLROnPlateau")
 TIME_HINTS = re.compile(r"\b(date|datetime|timestamp|time_idx|lag|rolling|shift\(|forecast)", re.IGNORECASE)
 RANDOM_SAMPLERS_SKIP = {"split", "fold_in", "PRNGKey", "key", "key_data", "wrap_key_data", "clone"}
-
-
-def call_name(node: ast.AST) -> str:
-    """Dotted name of a call's function (`torch.nn.functional.softmax`), or '' if not a name."""
-    func = node.func if isinstance(node, ast.Call) else node
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    elif isinstance(func, ast.Call):
-        parts.append(call_name(func))
-    return ".".join(reversed(parts))
-
-
-def last(name: str) -> str:
-    """Final component of a dotted name."""
-    return name.rsplit(".", 1)[-1]
 
 
 def receiver(node: ast.Call) -> str:

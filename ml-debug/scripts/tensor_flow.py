@@ -42,7 +42,7 @@ LOGGING = {"item", "cpu", "numpy", "tolist", "append", "log", "log_dict", "print
 REFERENCE_FORWARD = re.compile(r"\b\w*(ref|reference|teacher|target|old|frozen|ema)\w*\b", re.IGNORECASE)
 
 
-def dotted(node: ast.AST) -> str:
+def call_name(node: ast.AST) -> str:
     """Dotted name of a call's function or an attribute chain, or '' if not a plain name."""
     func = node.func if isinstance(node, ast.Call) else node
     parts = []
@@ -52,7 +52,7 @@ def dotted(node: ast.AST) -> str:
     if isinstance(func, ast.Name):
         parts.append(func.id)
     elif isinstance(func, ast.Call):
-        parts.append(dotted(func))
+        parts.append(call_name(func))
     return ".".join(reversed(parts))
 
 
@@ -71,13 +71,13 @@ def kind_of(node: ast.AST, env: dict[str, tuple[str, int]]) -> tuple[str, int] |
         return kind_of(node.value, env)
     if not isinstance(node, ast.Call):
         return env.get(ast.unparse(node)) if isinstance(node, ast.Attribute) else None
-    name = last(dotted(node))
+    name = last(call_name(node))
     if name.lower() in PRODUCERS:
         return PRODUCERS[name.lower()], node.lineno
     # `torch.flatten(x)` reads its first argument; `x.flatten()` and `F.softmax(x).float()` their receiver.
     is_method = isinstance(node.func, ast.Attribute) and not (
         isinstance(node.func.value, (ast.Name, ast.Attribute))
-        and dotted(node.func.value).split(".")[0] in MODULES)
+        and call_name(node.func.value).split(".")[0] in MODULES)
     source = node.func.value if is_method else (node.args[0] if node.args else None)
     if source is None:
         return None
@@ -117,7 +117,7 @@ def normalised_twice(body: list[ast.stmt], loss_names: dict[str, str]) -> list[t
                 else:
                     env.pop(key, None)
             continue
-        name = dotted(node)
+        name = call_name(node)
         loss = loss_names.get(name) or (last(name) if last(name) in LOSSES else None)
         if loss and node.args:
             kind = kind_of(node.args[0], env)
@@ -156,7 +156,7 @@ def benign_detach(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> str | None
     if isinstance(parent, ast.BinOp) and parent.right is node and isinstance(parent.op, (ast.Sub, ast.Div)) \
             and receiver and receiver in ast.unparse(parent.left):
         return "x - x.detach() or x / x.detach(): value one, gradient kept through the other side"
-    if isinstance(parent, ast.Call) and node in parent.args and last(dotted(parent)) in LOGGING:
+    if isinstance(parent, ast.Call) and node in parent.args and last(call_name(parent)) in LOGGING:
         return "value sent to a logger"
     return None
 
