@@ -3,10 +3,11 @@
 
 Rules: the block is present with GOAL, OPTIMISING, PERVERSE SATISFACTIONS, EVIDENCE A, EVIDENCE B
 and ELSE in that order, none empty or left as a template placeholder; OPTIMISING is a single
-plain sentence without symbols; there are 2-3 perverse satisfactions, each naming a metric or
-an arm that would catch it and that the document names elsewhere too (in a metrics list, EVIDENCE
-A or B...), so "exposed by a metric." names nothing; EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
-other than chance and a metric. Exit 0 clean, 1 findings, 2 unreadable input.
+plain sentence without symbols; there are 2-3 perverse satisfactions, each naming a metric or an
+arm that would catch it and that the document names elsewhere too (in a metrics list, EVIDENCE A
+or B ...), so "exposed by a metric." names nothing; EVIDENCE A names the bare, treatment, reversed
+and placebo arms; EVIDENCE B names a baseline other than chance and a metric.
+Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 

@@ -162,8 +162,8 @@ class TableChecker:
     def rule_p1_quotes(self, table: Table) -> None:
         """P1: the quoted line column must hold a quote from the log."""
         # "unknown: log X from the next run" is the procedure's answer when no line can settle a row.
-        self.require(table, "quoted line", lambda c: QUOTED.search(c) or c.strip().lower().startswith("unknown"),
-                     "P1-QUOTE",
+        self.require(table, "quoted line",
+                     lambda c: QUOTED.search(c) or c.strip().lower().startswith("unknown"), "P1-QUOTE",
                      "P1 row {n}: 'quoted line' must quote the log line in backticks or double quotes")
 
     def rule_p1_verdicts(self, table: Table) -> None:

@@ -177,7 +177,8 @@ def parse_csv(path: str, text: str) -> MetricLog:
             if value is None:
                 continue
             vals = {str(rec.fields[key_col]).strip(): value}
-            vals.update({h: f for h in header if is_axis(h) and (f := to_float(rec.fields.get(h))) is not None})
+            vals.update({h: f for h in header
+                         if is_axis(h) and (f := to_float(rec.fields.get(h))) is not None})
             rows.append(LogRow(rec.line, rec.raw, vals))
         return MetricLog(path, "csv", rows, len(text.splitlines()), notes=notes)
     rename = wandb_columns(header)

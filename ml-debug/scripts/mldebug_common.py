@@ -494,9 +494,8 @@ def main() -> int:
     parser = make_parser("mldebug_common.py", __doc__, "Exit 0.")
     args = parser.parse_args()
     if args.json:
-        print(json.dumps({"schema_version": SCHEMA_VERSION,
-                          "credence_scale": [{"word": w, "low": lo, "high": hi} for w, lo, hi in CREDENCE_SCALE]},
-                         indent=2))
+        scale = [{"word": w, "low": lo, "high": hi} for w, lo, hi in CREDENCE_SCALE]
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "credence_scale": scale}, indent=2))
     else:
         print("credence scale (Kesselman 2008): " + scale_text())
     return 0

@@ -16,9 +16,8 @@ Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -135,29 +134,28 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
     idx = pick_points(fsteps, ascending)
     points = {k: (float(fsteps[i]), float(fvals[i]), frows[i]) for k, i in idx.items()}
     lo, hi = int(np.argmin(fvals)), int(np.argmax(fvals))
+    tail = flat_tail(fvals)
+    note = ""
     if set_value:
         note = (f"{name} is a set value (schedule or --expect-constant): "
-                + (f"held at {fmt_num(fvals[-1])} from step {fmt_num(fsteps[-flat_tail(fvals)])}"
-                   if flat_tail(fvals) > 1 else f"ranges {fmt_num(fvals[lo])} to {fmt_num(fvals[hi])}")
+                + (f"held at {fmt_num(fvals[-1])} from step {fmt_num(fsteps[-tail])}" if tail > 1
+                   else f"ranges {fmt_num(fvals[lo])} to {fmt_num(fvals[hi])}")
                 + "; not judged for flat, spike or divergence")
-        quote_row = next((r for r in rows if r.line == findings[0].line), frows[-1]) if findings else frows[-1]
-        return Curve(name, len(values), points, (float(fvals[lo]), float(fsteps[lo])),
-                     (float(fvals[hi]), float(fsteps[hi])), findings, quote_row, note)
-    for i, z, around, scale in spikes(fvals, spike_z)[:3]:
-        findings.append(Finding(path, frows[i].line, "SPIKE",
-                                f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
-                                f"against {fmt_num(around)} around it (robust z {z:.0f}, noise scale "
-                                f"{fmt_num(scale)})"))
-    tail = flat_tail(fvals)
-    if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
-        where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
-        findings.append(Finding(path, frows[-tail].line, "FLAT",
-                                f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
-    findings += divergence(path, name, fsteps, fvals, frows, lower_better)
+    else:
+        for i, z, around, scale in spikes(fvals, spike_z)[:3]:
+            findings.append(Finding(path, frows[i].line, "SPIKE",
+                                    f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
+                                    f"against {fmt_num(around)} around it (robust z {z:.0f}, noise scale "
+                                    f"{fmt_num(scale)})"))
+        if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
+            where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
+            findings.append(Finding(path, frows[-tail].line, "FLAT",
+                                    f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
+        findings += divergence(path, name, fsteps, fvals, frows, lower_better)
     by_line = {r.line: r for r in rows}
     quote_row = by_line[findings[0].line] if findings else frows[-1]
     return Curve(name, len(values), points, (float(fvals[lo]), float(fsteps[lo])),
-                 (float(fvals[hi]), float(fsteps[hi])), findings, quote_row)
+                 (float(fvals[hi]), float(fsteps[hi])), findings, quote_row, note)
 
 
 def divergence(path: str, name: str, steps: np.ndarray, values: np.ndarray, rows: list[LogRow],

@@ -2,14 +2,14 @@
 """Pick the rows of an evaluation JSONL to read in full: random, best, worst and anomalous.
 
 The random pick is seeded and stable: rows are ranked by a hash of the seed and the row id, so
-adding rows or reordering the file does not change which existing row is drawn. Best and worst
-are by the score key (ties broken by line). Anomalous rows have a missing or non-finite score, an
-empty output, the same output as rows with other inputs, an output copying its input, a length far
-from the rest, a phrase repeated in a loop, or a refusal. When the outputs are class labels (a few
+adding rows or reordering the file does not change which existing row is drawn. Best and worst are
+by the score key (ties broken by line). Anomalous rows have a missing or non-finite score, an empty
+output, the same output as rows with other inputs, an output copying its input, a length far from
+the rest, a phrase repeated in a loop, or a refusal. When the outputs are class labels (a few
 distinct short values, each repeated), repeats and lengths are what a classifier's outputs look
-like, so those two checks are skipped and the label counts are printed instead. The sampling rule is printed with the
-rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group gets its own picks.
-Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
+like, so those two checks are skipped and the label counts are printed instead. The sampling rule
+is printed with the rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group
+gets its own picks. Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
 """
 from __future__ import annotations
 

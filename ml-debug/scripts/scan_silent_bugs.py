@@ -101,8 +101,8 @@ LINE_PATTERNS = (
                                 r"|\(\s*[\w.]+\s*-\s*[\w.]+\s*\)\s*\*\*\s*2")),
     ("SB-EXPAND", re.compile(r"\.(?:expand|repeat|unsqueeze)\(")),
     # `torch.utils.data` is a package, not a tensor's .data; import lines are skipped too.
-    ("SB-DATA-READ", re.compile(r"^(?!\s*(?:from|import)\s)(?=.*(?<!utils)\.data\b(?!\s*(?:\[[^\]]*\]\s*)?=[^=])"
-                                r"(?!\.\w+_\())")),
+    ("SB-DATA-READ", re.compile(r"^(?!\s*(?:from|import)\s)"
+                                r"(?=.*(?<!utils)\.data\b(?!\s*(?:\[[^\]]*\]\s*)?=[^=])(?!\.\w+_\())")),
     ("SB-FREEZE", re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|\.freeze\(")),
     ("SB-CE-NO-WEIGHT", re.compile(r"CrossEntropyLoss\(\s*\)")),
     ("SB-LOSS-SIGN", re.compile(r"maximize\s*=\s*True|\(\s*-\s*\w*loss\w*\s*\)\.backward"
@@ -157,12 +157,12 @@ def is_jitted(fn: ast.FunctionDef) -> bool:
 class Scanner(ast.NodeVisitor):
     """Walks one module's AST and records findings for the structural rules."""
 
-    def __init__(self, lines: list[str]):
+    def __init__(self, lines: list[str], comment_lines: set[int]):
         self.lines = lines
+        self.comment_lines = comment_lines
         self.hits: list[tuple[int, str]] = []
         self.details: dict[tuple[int, str], str] = {}
         self.loss_names: dict[str, str] = {}  # instance name -> loss class, e.g. self.criterion
-        self.comment_lines: set[int] = set()
         self.per_epoch_scheds: set[str] = set()
         self.jax_random = {"jax.random"}
         self.forward_softmax = False  # a forward() returns probabilities
@@ -175,7 +175,7 @@ class Scanner(ast.NodeVisitor):
             self.details[(line, rule)] = detail
 
     def scan(self, tree: ast.Module) -> None:
-        """Collect names bound to softmax/CE/schedulers and JAX aliases, then run every rule."""
+        """Collect names bound to losses, schedulers and JAX aliases, then run every rule."""
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "forward":
                 self.forward_softmax |= any(
@@ -260,7 +260,7 @@ class Scanner(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Call(self, node: ast.Call) -> None:
-        """Softmax output fed to cross-entropy, and fit_transform on non-training data."""
+        """A loss in a file whose forward returns softmax, and fit_transform on non-training data."""
         name = call_name(node)
         loss = self.loss_names.get(name) or last(name)
         if loss in ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss") and node.args \
@@ -434,8 +434,7 @@ def scan_file(path: str, show_all: bool) -> list[Finding]:
         for rule, rx in LINE_PATTERNS:
             if rx.search(code):
                 hits.append((i, rule))
-    scanner = Scanner(lines)
-    scanner.comment_lines = comments
+    scanner = Scanner(lines, comments)
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
@@ -467,7 +466,8 @@ def expand(paths: list[str]) -> list[str]:
             out += sorted(str(f) for f in path.rglob("*.py"))
         elif path.exists():
             if path.suffix.lower() not in (".py", ".pyw"):
-                raise InputError(f"{p}: not a Python file (expected .py source, got '{path.suffix or 'no suffix'}')")
+                raise InputError(f"{p}: not a Python file (expected .py source, got "
+                                 f"'{path.suffix or 'no suffix'}')")
             if not read_text(p).strip():
                 raise InputError(f"{p}: empty file, nothing to scan")
             out.append(p)
