@@ -34,12 +34,16 @@ LOSSES = {
     "binary_cross_entropy_with_logits": ("probabilities", "sigmoid output"),
     "BCEWithLogitsLoss": ("probabilities", "sigmoid output"),
 }
-# Names of tensors that are meant to carry no gradient into this loss.
-NO_GRAD_NAME = re.compile(r"old|ref|target|baseline|behav|prev|teacher|stale|frozen|fixed|fake|"
-                          r"gen|advantage|\badv|return|reward|label|ema|anchor", re.IGNORECASE)
+# Name parts of tensors meant to carry no gradient into this loss (matched as whole parts of
+# snake_case or camelCase names, so `threshold` or `prefix` do not count as `old` or `ref`).
+NO_GRAD_PARTS = {"old", "ref", "reference", "target", "targets", "baseline", "behav", "behavior",
+                 "behaviour", "prev", "previous", "teacher", "stale", "frozen", "fixed", "fake",
+                 "gen", "generated", "advantage", "advantages", "adv", "return", "returns",
+                 "reward", "rewards", "label", "labels", "ema", "anchor"}
+# Name parts of a model whose forward under no_grad is a fixed reference, not an evaluation.
+REFERENCE_PARTS = {"ref", "reference", "teacher", "target", "old", "frozen", "ema"}
 LOGGING = {"item", "cpu", "numpy", "tolist", "append", "log", "log_dict", "print", "add_scalar",
            "update", "write", "info", "debug"}
-REFERENCE_FORWARD = re.compile(r"\b\w*(ref|reference|teacher|target|old|frozen|ema)\w*\b", re.IGNORECASE)
 
 
 def call_name(node: ast.AST) -> str:
@@ -59,6 +63,11 @@ def call_name(node: ast.AST) -> str:
 def last(name: str) -> str:
     """Final component of a dotted name."""
     return name.rsplit(".", 1)[-1]
+
+
+def name_parts(text: str) -> set[str]:
+    """Lower-case word parts of identifiers: `old_logps refModel` -> old, logps, ref, model."""
+    return {w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", text)}
 
 
 def kind_of(node: ast.AST, env: dict[str, tuple[str, int]]) -> tuple[str, int] | None:
@@ -144,17 +153,19 @@ def benign_detach(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> str | None
         if method not in PRESERVING:
             break
         node, parent = parents[parent], parents.get(parents[parent])
-    if NO_GRAD_NAME.search(receiver):
+    if name_parts(receiver) & NO_GRAD_PARTS:
         return "the tensor is a target, a reference or an old policy's output by name"
     for ancestor in ancestors(node, parents):
         if isinstance(ancestor, ast.With) and any("no_grad" in ast.unparse(i.context_expr)
                                                   or "inference_mode" in ast.unparse(i.context_expr)
                                                   for i in ancestor.items):
             return "inside no_grad, where nothing is recorded anyway"
-    if isinstance(parent, ast.Assign) and any(NO_GRAD_NAME.search(ast.unparse(t)) for t in parent.targets):
+    if isinstance(parent, ast.Assign) and any(name_parts(ast.unparse(t)) & NO_GRAD_PARTS
+                                              for t in parent.targets):
         return "stored as the old/reference copy"
     if isinstance(parent, ast.BinOp) and parent.right is node and isinstance(parent.op, (ast.Sub, ast.Div)) \
             and receiver and receiver in ast.unparse(parent.left):
+        # The detached copy is the subtrahend or denominator of the same tensor.
         return "x - x.detach() or x / x.detach(): value one, gradient kept through the other side"
     if isinstance(parent, ast.Call) and node in parent.args and last(call_name(parent)) in LOGGING:
         return "value sent to a logger"
@@ -171,11 +182,11 @@ def ancestors(node: ast.AST, parents: dict[ast.AST, ast.AST]):
 def reference_forward(block: ast.With) -> bool:
     """True when a no_grad block runs a reference, teacher, target or old model, not an evaluation."""
     calls = ordered(block.body, (ast.Call,))
-    return any(REFERENCE_FORWARD.search(ast.unparse(c)) for c in calls)
+    return any(name_parts(ast.unparse(c)) & REFERENCE_PARTS for c in calls)
 
 
 def main() -> int:
-    """Print, for each file, the assignments whose value is a known kind and each double normalisation."""
+    """Print, for each file, each loss call whose input is already normalised, and why."""
     parser = make_parser("tensor_flow.py", __doc__, "Exit 0 read, 2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="FILE.py", help="Python file")
     args = parser.parse_args()

@@ -229,3 +229,11 @@ def test_wrong_kind_or_empty_file_is_an_input_error(tmp_path):
                           ("empty.py", "empty file, nothing to scan")):
         with pytest.raises(InputError, match=message):
             expand([str(tmp_path / name)])
+
+
+def test_idiom_names_match_whole_name_parts_only(tmp_path):
+    # `threshold` holds "old" and `prefix_model` holds "ref" as letters, not as name parts.
+    source = ("import torch\n\ndef step(threshold, x):\n    return torch.exp(threshold.detach() - x)\n")
+    assert rules(tmp_path, source) == ["SB-DETACH"]
+    assert rules(tmp_path, REF_NO_GRAD.replace("teacher_model", "prefix_model")) == ["SB-NO-EVAL"]
+    assert rules(tmp_path, REF_NO_GRAD.replace("teacher_model", "refModel")) == []
