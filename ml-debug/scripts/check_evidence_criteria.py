@@ -3,9 +3,11 @@
 
 Rules: the block is present with GOAL, OPTIMISING, PERVERSE SATISFACTIONS, EVIDENCE A, EVIDENCE B
 and ELSE in that order, none empty or left as a template placeholder; OPTIMISING is a single
-plain sentence without symbols; there are 2-3 perverse satisfactions, each naming the metric or
-control arm that would catch it; EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
-other than chance and a metric. Exit 0 clean, 1 findings, 2 unreadable input.
+plain sentence without symbols; there are 2-3 perverse satisfactions, each naming a metric or an
+arm that would catch it and that the document names elsewhere too (in a metrics list, EVIDENCE A
+or B ...), so "exposed by a metric." names nothing; EVIDENCE A names the bare, treatment, reversed
+and placebo arms; EVIDENCE B names a baseline other than chance and a metric.
+Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 
@@ -21,14 +23,18 @@ PLACEHOLDER = re.compile(r"<[^<>]*\s[^<>]*>")
 ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)]|\(\d+\))\s+(.*)$")
 SYMBOLS = re.compile(r"[=$\\^_\u2207\u2202\u2211\u220f\u2248\u2264\u2265\u0370-\u03ff]")
 ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|etc|vs|cf)\.", re.IGNORECASE)
-EXPOSES = re.compile(r"\b(metric|arm|control|placebo|baseline|probe|expose[sd]?|caught|detected|"
-                     r"revealed|shown|shows)\b|->|\u2192", re.IGNORECASE)
+# What an exposure can name: a code span, an identifier (`train/loss`, `pass@1`, `copy_rate`), the word
+# before "metric", "arm", "baseline" ..., a standard arm, or a usual metric word.
+CODE_SPAN = re.compile(r"`([^`]+)`")
+IDENTIFIER = re.compile(r"\b[A-Za-z]\w*(?:[_/.@]\w+)+\b")
+NAMED_BEFORE = re.compile(r"([\w@/.-]+)\s+(?:metric|arm|baseline|control|probe|score|rate)\b", re.IGNORECASE)
+NOT_NAMES = {"a", "an", "the", "by", "any", "one", "some", "this", "that", "same", "control", "its", "our"}
 ARMS = ("bare", "treatment", "reversed", "placebo")
 BASELINE = re.compile(r"\bbaseline\b|\b(beats?|outperforms?|vs\.?|versus|compared (with|to)|"
                       r"better than)\s+(?:the\s+|a\s+)?(?!chance\b|random\b)\w", re.IGNORECASE)
-METRIC = re.compile(r"\bmetric\b|\bon\s+(?:the\s+)?[\w@/-]+|\b(accuracy|f1|auc|loss|bleu|rouge|"
-                    r"pass@\d+|exact match|win rate|mse|mae|rmse|perplexity|reward|return|score)\b",
-                    re.IGNORECASE)
+METRIC_WORDS = re.compile(r"\b(accuracy|f1|auc|loss|bleu|rouge|pass@\d+|exact match|win rate|mse|mae|"
+                          r"rmse|perplexity|reward|return|score)\b", re.IGNORECASE)
+METRIC = re.compile(r"\bmetric\b|\bon\s+(?:the\s+)?[\w@/-]+|" + METRIC_WORDS.pattern, re.IGNORECASE)
 
 
 def extract_block(lines: list[str]) -> dict[str, tuple[int, list[str]]]:
@@ -108,7 +114,7 @@ def check_block(path: str, text: str) -> list[Finding]:
                 f"(found '{sym.group(0)}')")
     if "PERVERSE SATISFACTIONS" in block and values["PERVERSE SATISFACTIONS"] and not \
             PLACEHOLDER.search(values["PERVERSE SATISFACTIONS"]):
-        check_perverse(block["PERVERSE SATISFACTIONS"], add)
+        check_perverse(block["PERVERSE SATISFACTIONS"], text, add)
     if values.get("EVIDENCE A") and not PLACEHOLDER.search(values["EVIDENCE A"]):
         missing = [a for a in ARMS if not re.search(rf"\b{a}\b", values["EVIDENCE A"], re.IGNORECASE)]
         if missing:
@@ -123,8 +129,8 @@ def check_block(path: str, text: str) -> list[Finding]:
     return findings
 
 
-def check_perverse(entry: tuple[int, list[str]], add) -> None:
-    """2-3 perverse satisfactions, each as a list item naming the metric or arm that exposes it."""
+def check_perverse(entry: tuple[int, list[str]], document: str, add) -> None:
+    """2-3 perverse satisfactions, each a list item naming a metric or arm the document defines."""
     line, value_lines = entry
     items: list[str] = []
     for text in value_lines:
@@ -139,9 +145,22 @@ def check_perverse(entry: tuple[int, list[str]], add) -> None:
     if not 2 <= len(items) <= 3:
         add(line, "EC-PERVERSE-COUNT", f"{len(items)} perverse satisfaction(s); write 2-3")
     for n, item in enumerate(items, 1):
-        if not EXPOSES.search(item):
-            add(line, "EC-PERVERSE-EXPOSE", f"perverse satisfaction {n} does not say which metric or "
-                "control arm would catch it")
+        names = exposure_names(item)
+        rest = document.replace(item, " ")
+        if not any(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", rest, re.IGNORECASE)
+                   for name in names):
+            named = f" (it names {', '.join(sorted(names))}, found nowhere else)" if names else ""
+            add(line, "EC-PERVERSE-EXPOSE", f"perverse satisfaction {n} does not name a metric or arm "
+                f"that the document defines{named}; name the logged metric or the arm that catches it")
+
+
+def exposure_names(item: str) -> set[str]:
+    """Metric and arm names an item mentions (code spans, identifiers, "X metric", arms, metric words)."""
+    names = {m.strip() for m in CODE_SPAN.findall(item)} | set(IDENTIFIER.findall(CODE_SPAN.sub(" ", item)))
+    names |= {m.strip(".-") for m in NAMED_BEFORE.findall(item) if m.lower() not in NOT_NAMES}
+    names |= {a for a in ARMS if re.search(rf"\b{a}\b", item, re.IGNORECASE)}
+    names |= {m.group(0) for m in METRIC_WORDS.finditer(item)}
+    return {n for n in names if n}
 
 
 def main() -> int:

@@ -5,29 +5,47 @@ P2 step 6: before queueing a real run, train on about 20 samples until the model
 A model that cannot has a bug in its loss, wiring or data. The log may be JSONL, CSV or key=value
 text. "Near zero" is the final logged value at or below --target (default 0.05); set it for your
 loss (label smoothing and MSE on unscaled targets have floors above zero), or use --relative to
-compare with the first value. With --num-classes the first value is also compared with the loss of
-a uniform guess, ln(C). Exit 0 near zero, 1 not near zero (or other findings), 2 unreadable input.
+compare with the first value. The training loss is graded (`loss`, `train_loss`, `train/loss`,
+else the first loss column not named eval, val or test), and the report names the column. With
+--num-classes the first value is also compared with the loss of a uniform guess, ln(C): a randomly
+initialised classifier starts near it; a pretrained model (--pretrained, e.g. an LM with C its
+vocabulary) starts well below it, so only a start above it is flagged.
+Exit 0 near zero, 1 not near zero (or other findings), 2 unreadable input.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import re
 
 import numpy as np
 
-from mldebug_common import (Finding, InputError, fmt_num, load_metric_log, make_parser,
+from metric_logs import load_metric_log
+from mldebug_common import (Finding, InputError, fmt_num, make_parser,
                             report_each, run)
 
 TOOL = "check_overfit"
+TRAIN_LOSS_NAMES = ("loss", "train_loss", "train/loss", "training_loss", "train/train_loss")
+HELD_OUT = re.compile(r"(?:^|[/_.])(?:eval|val|valid|validation|test|dev)(?:$|[/_.])", re.IGNORECASE)
+
+
+def loss_column(keys: list[str]) -> tuple[str | None, list[str]]:
+    """The training-loss column to grade, and the held-out loss columns left ungraded."""
+    losses = [k for k in keys if "loss" in k.lower()]
+    held_out = [k for k in losses if HELD_OUT.search(k)]
+    train = next((k for k in TRAIN_LOSS_NAMES if k in keys), None) or \
+        next((k for k in losses if k not in held_out), None)
+    return train, held_out
 
 
 def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str]:
     """Judge one log; return findings, the JSON summary and the human summary."""
     log = load_metric_log(path, args.format)
     keys = log.keys()
-    metric = args.metric or next((k for k in ["loss", *keys] if k in keys and "loss" in k.lower()), None)
+    train, held_out = loss_column(keys)
+    metric = args.metric or train
     if metric is None or metric not in keys:
-        raise InputError(f"{path}: no loss column{f' {metric!r}' if metric else ''} "
+        raise InputError(f"{path}: no training loss column{f' {metric!r}' if metric else ''} "
                          f"(keys: {', '.join(keys)}); pass --metric")
     step_key = log.step_key(args.step_key)
     series = log.series(metric, step_key)
@@ -43,13 +61,16 @@ def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str
         threshold = args.target
         rule_text = f"target {fmt_num(threshold)}"
     near_zero = math.isfinite(final) and final <= threshold
-    summary = {"file": path, "metric": metric, "first": first, "final": final,
+    summary = {"file": path, "metric": metric, "not_graded": [k for k in held_out if k != metric],
+               "first": first, "final": final,
                "first_step": first_step, "final_step": last_step, "points": len(series),
                "threshold": threshold, "near_zero": near_zero,
                "minimum": float(finite.min()) if finite.size else float("nan")}
     ratio = final / first if first and math.isfinite(final) else float("nan")
     text = [f"{path}: {metric} {fmt_num(first)} (step {fmt_num(first_step)}) -> {fmt_num(final)} "
             f"(step {fmt_num(last_step)}), {len(series)} points, final/first = {fmt_num(ratio)}",
+            f"  graded column: {metric}" + (f" (not graded: {', '.join(k for k in held_out if k != metric)})"
+                                             if [k for k in held_out if k != metric] else ""),
             f"  near zero: {'yes' if near_zero else 'NO'} ({rule_text})"]
     if not near_zero:
         why = "is not finite" if not math.isfinite(final) else f"is above {rule_text}"
@@ -61,12 +82,24 @@ def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str
     if args.num_classes:
         chance = math.log(args.num_classes)
         summary["chance_loss"] = chance
-        text.append(f"  first value {fmt_num(first)} vs ln({args.num_classes}) = {fmt_num(chance)}")
-        if not 0.5 * chance <= first <= 2 * chance:
-            findings.append(Finding(path, first_row.line, "OVERFIT-INIT",
-                                    f"first {metric} {fmt_num(first)} is far from the uniform-guess loss "
-                                    f"{fmt_num(chance)}: far below suggests leakage, far above a wrong "
-                                    "loss, scale or initialisation"))
+        summary["init"] = "pretrained" if args.pretrained else "random"
+        if args.pretrained:
+            text.append(f"  first value {fmt_num(first)} vs ln({args.num_classes}) = {fmt_num(chance)}, "
+                        "the uniform-guess loss; a pretrained model starts below it")
+            if first > 2 * chance:
+                findings.append(Finding(path, first_row.line, "OVERFIT-INIT",
+                                        f"first {metric} {fmt_num(first)} is above twice the uniform-guess "
+                                        f"loss ln({args.num_classes}) = {fmt_num(chance)}, worse than "
+                                        "guessing: check the loss, its scale and the weights loaded"))
+        else:
+            text.append(f"  first value {fmt_num(first)} vs ln({args.num_classes}) = {fmt_num(chance)}, "
+                        "the uniform-guess loss a randomly initialised model starts near")
+            if not 0.5 * chance <= first <= 2 * chance:
+                findings.append(Finding(path, first_row.line, "OVERFIT-INIT",
+                                        f"first {metric} {fmt_num(first)} is far from the uniform-guess "
+                                        f"loss ln({args.num_classes}) = {fmt_num(chance)}: far below "
+                                        "suggests leakage, unless the model is pretrained (then pass "
+                                        "--pretrained); far above, a wrong loss, scale or initialisation"))
     return findings, summary, "\n".join(text)
 
 
@@ -83,7 +116,10 @@ def main() -> int:
     parser.add_argument("--relative", type=float, metavar="R",
                         help="instead of --target, pass when final <= R x the first value")
     parser.add_argument("--num-classes", type=int, metavar="C",
-                        help="also compare the first value with ln(C)")
+                        help="also compare the first value with ln(C), the uniform-guess loss")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="the model starts pretrained (an LM: C is its vocabulary), so its first "
+                             "loss is expected below ln(C), not near it")
     args = parser.parse_args()
     if args.num_classes is not None and args.num_classes < 2:
         raise InputError("--num-classes must be at least 2")

@@ -2,12 +2,14 @@
 """Check the filled ml-debug tables (P1-P4 and the exercise tables) in a reply or a file.
 
 Tables are recognised by their header row, so they can sit anywhere in a Markdown document.
-Rules: no empty or placeholder cell ("unknown" is allowed only with what would fill it); every
-credence pairs a word with a number inside that word's range; P1 rows quote a log line; P1
-prediction verdicts and anomaly statuses use the fixed words; P2 "metric exists?" is yes/no and a
-"no" names the metric to add; the P3 lists are complete (three or more diagnoses with one unknown
-cause, exactly five ways the result is invalid, random/best/worst/anomalous samples, one seed means
-unresolved); P4 rows cite the reference's file:line. Exit 0 clean, 1 findings, 2 unreadable input.
+Rules: no empty or placeholder cell (n/a, none, xx, ?, (blank), ..., -, tbd count as empty);
+"unknown" is allowed only with what would fill it, or as "unknown: same [as the X column]" after a
+cell of its row that says it; every credence pairs a word with a number inside that word's range;
+P1 rows quote a log line (or say "unknown" and what would settle it); P1 prediction verdicts and
+anomaly statuses use the fixed words; P2 "metric exists?" is yes/no and a "no" names the metric to
+add; the P3 lists are complete (three or more diagnoses with one unknown cause, exactly five ways
+the result is invalid, random/best/worst/anomalous samples, one seed means unresolved); P4 rows
+cite the reference's file:line. Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 
@@ -138,11 +140,13 @@ class TableChecker:
     def check_cells(self, kind: Kind, table: Table) -> None:
         """No empty or placeholder cells; "unknown" must say what would fill it; credences pair."""
         for n, (row, line) in enumerate(zip(table.rows, table.row_lines), 1):
+            earlier: dict[str, str] = {}
             for i, name in enumerate(table.header):
                 cell = row[i] if i < len(row) else ""
-                problem = cell_problem(cell)
+                problem = cell_problem(cell, earlier)
+                earlier[name] = cell
                 if problem:
-                    rule = "CELL-UNKNOWN" if problem.startswith("'unknown'") else "CELL-EMPTY"
+                    rule = "CELL-UNKNOWN" if problem.startswith("'unknown") else "CELL-EMPTY"
                     self.add(line, rule, f"{kind.name} row {n}, column '{table.raw_header[i]}': {problem}")
                 elif name in kind.credence_columns:
                     msg = check_credence_cell(cell)
@@ -157,7 +161,9 @@ class TableChecker:
 
     def rule_p1_quotes(self, table: Table) -> None:
         """P1: the quoted line column must hold a quote from the log."""
-        self.require(table, "quoted line", QUOTED.search, "P1-QUOTE",
+        # "unknown: log X from the next run" is the procedure's answer when no line can settle a row.
+        self.require(table, "quoted line",
+                     lambda c: QUOTED.search(c) or c.strip().lower().startswith("unknown"), "P1-QUOTE",
                      "P1 row {n}: 'quoted line' must quote the log line in backticks or double quotes")
 
     def rule_p1_verdicts(self, table: Table) -> None:

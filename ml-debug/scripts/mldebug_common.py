@@ -1,8 +1,9 @@
 """Helpers shared by the ml-debug checkers.
 
 One place for the things every checker needs: the credence scale, reading a file or failing with
-exit 2, Markdown table parsing, metric-log parsing, and the common human/JSON report format.
-Standard library plus numpy only, so the checkers run wherever the training code runs.
+exit 2, Markdown table parsing, JSONL/CSV rows, and the common human/JSON report format (metric
+logs are read by metric_logs.py). Standard library only, so the checkers run wherever the training
+code runs. Run directly to print the credence scale the checkers enforce.
 """
 from __future__ import annotations
 
@@ -170,8 +171,13 @@ def read_text(path: str | Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # Markdown tables
 
-_PLACEHOLDER = re.compile(r"^(?:-+|\u2014|\u2013|\?+|tbd|todo|\.\.\.|\u2026|<[^<>]*>)?$", re.IGNORECASE)
+# Stand-ins that say nothing: dashes, question marks, n/a, none, xx, (blank), ..., tbd, <fill in>.
+_PLACEHOLDER = re.compile(r"^(?:-+|\u2014|\u2013|\?+|tbd|tba|todo|n/?a|none|null|nil|x+|\(?blank\)?|"
+                          r"\.\.\.|\u2026|<[^<>]*>)?\.?$", re.IGNORECASE)
 _UNKNOWN = re.compile(r"^\W*unknown\b(.*)$", re.IGNORECASE | re.DOTALL)
+# "unknown: same", "unknown: same as the start column", "unknown: ditto", "unknown: as above".
+_BACK_REFERENCE = re.compile(r"^\W*(?:same|ditto|as above)(?:\s+as\s+(?:the\s+)?(?P<column>[\w ?()/:-]+?)"
+                             r"(?:\s+column)?)?\W*$", re.IGNORECASE)
 
 
 @dataclass
@@ -255,12 +261,35 @@ def parse_tables(text: str) -> list[Table]:
 
 
 def is_blank(cell: str) -> bool:
-    """True for an empty cell or a stand-in that says nothing ("-", "?", "TBD", "<fill in>")."""
+    """True for an empty cell or a stand-in that says nothing ("-", "?", "n/a", "none", "<fill in>")."""
     return bool(_PLACEHOLDER.match(cell.strip()))
 
 
-def unknown_problem(cell: str) -> str | None:
-    """If a cell says "unknown", require it to say what would fill it (two or more more words)."""
+def back_reference(cell: str) -> tuple[bool, str | None] | None:
+    """For "unknown: same [as the X column]": (True, X or None); None when the cell is no such reference."""
+    m = _UNKNOWN.match(cell.strip())
+    ref = _BACK_REFERENCE.match(m.group(1)) if m else None
+    if not ref:
+        return None
+    return True, normalize_header(ref.group("column")) if ref.group("column") else None
+
+
+def unknown_problem(cell: str, earlier: dict[str, str] | None = None) -> str | None:
+    """If a cell says "unknown", require it to say what would fill it (two or more more words).
+
+    A cell may instead refer back ("unknown: same", "unknown: same as the start column") to an
+    earlier cell of its row, given as `earlier` (normalised header -> cell), that says it in full.
+    """
+    ref = back_reference(cell)
+    if ref is not None:
+        column = ref[1]
+        targets = [earlier.get(column, "")] if column and earlier and column in earlier else \
+            list((earlier or {}).values()) if not column else []
+        if any(_UNKNOWN.match(t.strip()) and unknown_problem(t) is None for t in targets):
+            return None
+        where = f"the '{column}' column" if column else "an earlier cell of this row"
+        return (f"'unknown: same' refers back, but {where} does not say what would fill it; "
+                "write it out, e.g. 'unknown: needs the eval log of job 12'")
     m = _UNKNOWN.match(cell.strip())
     if not m:
         return None
@@ -270,69 +299,18 @@ def unknown_problem(cell: str) -> str | None:
     return "'unknown' must say what would fill it, e.g. 'unknown: needs the eval log of job 12'"
 
 
-def cell_problem(cell: str) -> str | None:
-    """Message for a cell that is empty, a placeholder, or a bare "unknown"; None when filled."""
+def cell_problem(cell: str, earlier: dict[str, str] | None = None) -> str | None:
+    """Message for a cell that is empty, a placeholder, or a bare "unknown"; None when filled.
+
+    `earlier` holds the row's previous cells by normalised header, for back references.
+    """
     if is_blank(cell):
         return "empty cell" if not cell.strip() else f"placeholder '{cell.strip()}' left in cell"
-    return unknown_problem(cell)
+    return unknown_problem(cell, earlier)
 
 
 # ---------------------------------------------------------------------------------------------
-# Metric logs (JSONL, CSV, or key=value text)
-
-STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "epoch")
-_KV = re.compile(r"(?<![\w./-])([A-Za-z][\w./-]*)\s*[=:]\s*"
-                 r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
-                 r")(?![\w.:])", re.IGNORECASE)
-
-
-@dataclass
-class LogRow:
-    """One log line that carried at least one numeric value."""
-
-    line: int
-    raw: str
-    values: dict[str, float]
-
-
-@dataclass
-class MetricLog:
-    """A parsed metrics log: its rows, the format detected, and the number of lines read."""
-
-    path: str
-    fmt: str
-    rows: list[LogRow]
-    n_lines: int
-
-    def keys(self) -> list[str]:
-        """Every numeric key, in order of first appearance."""
-        seen: dict[str, None] = {}
-        for row in self.rows:
-            for k in row.values:
-                seen.setdefault(k, None)
-        return list(seen)
-
-    def step_key(self, wanted: str | None = None) -> str | None:
-        """The key that orders the rows: `wanted` if given and present, else a usual step name."""
-        keys = self.keys()
-        if wanted:
-            if wanted not in keys:
-                raise InputError(f"{self.path}: step key '{wanted}' not found (keys: {', '.join(keys)})")
-            return wanted
-        return next((k for k in STEP_KEYS if k in keys), None)
-
-    def series(self, key: str, step_key: str | None) -> list[tuple[float, float, LogRow]]:
-        """(step, value, row) for every row holding `key`.
-
-        Without a step key the row index stands in for the step. With one, rows lacking it (a
-        config line echoing lr=3e-4, say) are skipped because they have no place on the curve.
-        """
-        out = []
-        for i, row in enumerate(self.rows):
-            if key not in row.values or (step_key and step_key not in row.values):
-                continue
-            out.append((row.values[step_key] if step_key else float(i), row.values[key], row))
-        return out
+# Rows of JSONL and CSV files
 
 
 def to_float(value: object) -> float | None:
@@ -349,13 +327,13 @@ def to_float(value: object) -> float | None:
     return None
 
 
-def _flatten(obj: dict, prefix: str = "") -> dict[str, object]:
+def flatten(obj: dict, prefix: str = "") -> dict[str, object]:
     """Flatten nested dicts to "outer/inner" keys, the way most loggers name nested metrics."""
     flat: dict[str, object] = {}
     for k, v in obj.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            flat.update(_flatten(v, key + "/"))
+            flat.update(flatten(v, key + "/"))
         else:
             flat[key] = v
     return flat
@@ -413,33 +391,6 @@ def read_records(path: str, text: str, fmt: str) -> list[Record]:
             records.append(Record(line, lines[line - 1] if line - 1 < len(lines) else ",".join(cells),
                                   dict(zip(header, cells))))
     return records
-
-
-def parse_metric_log(path: str, text: str, fmt: str | None = None) -> MetricLog:
-    """Parse a metrics log; rows without any numeric value are skipped but still counted as lines."""
-    fmt = fmt or sniff_format(path, text)
-    rows: list[LogRow] = []
-    if fmt in ("jsonl", "csv"):
-        for rec in read_records(path, text, fmt):
-            vals = {k: f for k, v in _flatten(rec.fields).items() if (f := to_float(v)) is not None}
-            if vals:
-                rows.append(LogRow(rec.line, rec.raw, vals))
-    elif fmt == "text":
-        for i, raw in enumerate(text.splitlines(), 1):
-            vals = {m.group(1): float(m.group(2)) for m in _KV.finditer(raw)}
-            if vals:
-                rows.append(LogRow(i, raw, vals))
-    else:
-        raise InputError(f"{path}: unknown format '{fmt}' (use jsonl, csv or text)")
-    return MetricLog(path, fmt, rows, len(text.splitlines()))
-
-
-def load_metric_log(path: str, fmt: str | None = None) -> MetricLog:
-    """Read and parse a metrics log, raising InputError when it holds no numeric rows."""
-    log = parse_metric_log(path, read_text(path), fmt)
-    if not log.rows:
-        raise InputError(f"{path}: no numeric values found (expected JSONL, CSV or key=value lines)")
-    return log
 
 
 LOWER_IS_BETTER = re.compile(r"loss|nll|perplexity|ppl|error|err\b|mse|mae|rmse|regret", re.IGNORECASE)
@@ -536,3 +487,19 @@ def run(tool: str, main: Callable[[], int]) -> None:
     except BrokenPipeError:
         code = 0
     sys.exit(code)
+
+
+def main() -> int:
+    """Print the credence scale the checkers enforce (as JSON with --json)."""
+    parser = make_parser("mldebug_common.py", __doc__, "Exit 0.")
+    args = parser.parse_args()
+    if args.json:
+        scale = [{"word": w, "low": lo, "high": hi} for w, lo, hi in CREDENCE_SCALE]
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "credence_scale": scale}, indent=2))
+    else:
+        print("credence scale (Kesselman 2008): " + scale_text())
+    return 0
+
+
+if __name__ == "__main__":
+    run("mldebug_common", main)

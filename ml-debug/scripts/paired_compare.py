@@ -6,7 +6,9 @@ column). For each seed present in both arms it takes the raw difference A - B, t
 mean and median difference, a seeded percentile bootstrap interval, the sign count, an exact
 sign-flip p-value for small samples, and the gap against the spread between seeds of one arm.
 The verdict is "unresolved" with fewer than --min-seeds pairs, when the interval spans zero, or
-when the sign-flip p-value exceeds 1 - level.
+when the sign-flip p-value exceeds 1 - level; an unresolved verdict says how many pairs would
+resolve the question at the observed spread (80% power for the observed gap, and never fewer
+than a unanimous sign-flip test needs to reach its level).
 Seeds present in one arm only and non-finite values are reported, never dropped silently.
 Exit 0 resolved and clean, 1 unresolved or data problems, 2 unreadable input.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -69,6 +72,33 @@ def sign_flip_p(diffs: np.ndarray, seed: int) -> float:
         signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(20000, n))
     means = np.abs((signs * diffs).mean(axis=1))
     return float(np.mean(means >= observed - 1e-12))
+
+
+def seeds_to_resolve(diffs: np.ndarray, level: float) -> tuple[int | None, str]:
+    """Pairs needed to resolve the question at the observed gap and spread, and why.
+
+    Two bounds: the fewest pairs whose unanimous signs give a sign-flip p of 2 / 2**n at or below
+    1 - level, and the pairs for 80% power of a paired test at the observed mean and standard
+    deviation of the differences, n = ((z_(1 - alpha/2) + z_0.8) sd / mean)**2. None when there is
+    no gap to detect or no spread measured.
+    """
+    alpha = 1 - level
+    unanimous = math.ceil(1 + math.log2(1 / alpha))
+    mean = float(diffs.mean())
+    sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else float("nan")
+    if not math.isfinite(sd):
+        return None, (f"one pair measures no spread; a sign-flip test needs at least {unanimous} "
+                      f"pairs that all agree to reach p <= {alpha:.3g}")
+    if mean == 0:
+        return None, "the observed gap is zero; more seeds would bound it, not resolve a direction"
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(0.8)
+    powered = math.ceil((z * sd / abs(mean)) ** 2)
+    needed = max(unanimous, powered)
+    more = f" ({needed - len(diffs)} more)" if needed > len(diffs) else ""
+    return needed, (f"at the observed gap {fmt_num(mean)} and spread of the differences (sd "
+                    f"{fmt_num(sd)}) about {needed} pairs{more} would resolve it: {powered} for 80% power, "
+                    f"and no fewer than {unanimous} because a sign-flip test cannot reach p <= "
+                    f"{alpha:.3g} with fewer pairs however they agree")
 
 
 def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str]:
@@ -140,11 +170,14 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
     ties = result["sign_count"]["ties"]
     text.append(f"  sign count: {a} higher in {wins}, {b} higher in {losses}, ties {ties}")
     text.append(f"  spread between seeds (sd): {a} {fmt_num(spread_a)}, {b} {fmt_num(spread_b)}")
+    needed, why_needed = seeds_to_resolve(diffs, args.level)
     if len(keys) < args.min_seeds:
-        result["verdict"] = "unresolved"
+        needed = max(needed or 0, args.min_seeds)
+        result.update({"verdict": "unresolved", "pairs_to_resolve": needed})
         text.append(f"  verdict: unresolved ({len(keys)} pair(s); need at least {args.min_seeds})")
+        text.append(f"  {why_needed}")
         findings.append(Finding(path, 1, "UNRESOLVED", f"{len(keys)} paired {args.pair_key}(s) is too "
-                                f"few to separate the arms (need {args.min_seeds}); run more seeds"))
+                                f"few to separate the arms (need {args.min_seeds}); {why_needed}"))
         return findings, result, "\n".join(text)
     lo, hi = bootstrap_interval(diffs, args.level, args.bootstrap, args.seed)
     p = sign_flip_p(diffs, args.seed)
@@ -164,10 +197,11 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
         # test is what says so (6 unanimous pairs is the fewest that can reach p <= 0.05).
         why = (f"the interval [{fmt_num(lo)}, {fmt_num(hi)}] spans zero" if lo <= 0 <= hi
                else f"sign-flip p = {p:.3g} > {alpha:.3g}")
-        result["verdict"] = "unresolved"
+        result.update({"verdict": "unresolved", "pairs_to_resolve": needed})
         text.append(f"  verdict: unresolved ({why}: uncertain, not 'no effect')")
+        text.append(f"  {why_needed}")
         findings.append(Finding(path, 1, "UNRESOLVED", f"{why}; the gap is not separated from "
-                                "seed noise"))
+                                f"seed noise; {why_needed}"))
     else:
         winner = a if mean > 0 else b
         result["verdict"] = f"{winner} higher"

@@ -1,25 +1,35 @@
 #!/usr/bin/env python3
 """Read a metrics log and print each metric at start, early, middle and end (P1 step 2).
 
-Reads JSONL, CSV, or text lines holding `key=value` (or `key: value`) pairs. For every numeric
-metric it prints the value at the first point, at 10% and 50% of the run, and at the last point,
-and flags NaN/Inf values, spikes, flat stretches, divergence, and steps that go backwards (a
-resumed or restarted run). With --p1-table it prints the P1 measurement table pre-filled with those
-numbers and a quoted log line per metric; the risky part and expected columns stay for you to fill.
+Reads logs as trainers write them: JSONL, Python dicts as the Hugging Face Trainer prints them,
+`key=value` lines, and any mix of these with warnings and progress bars (other lines are skipped,
+counted, and the first is shown); CSV, including W&B and MLflow exports; TensorBoard event files
+when the optional tensorboard package is installed. Axis columns (step, epoch, timestamp ...) are
+not metrics. For every metric it prints the value at the first point, at 10% and 50% of the run,
+and at the last point, and flags NaN/Inf values, spikes, flat stretches, divergence (judged
+against the metric's own size and step-to-step noise), and steps that go backwards (a resumed or
+restarted run). Schedule values (learning rate, KL coefficient ...) and metrics named with
+--expect-constant are reported but never called flat, spiking or diverging: the configuration
+sets them. With --p1-table it prints the P1 measurement table pre-filled with those numbers and a
+quoted log line per metric; the risky part and expected columns stay for you to fill.
 Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mldebug_common import (Finding, InputError, LOWER_IS_BETTER, LogRow, MetricLog, fmt_num,
-                            load_metric_log, make_parser, report, run)
+from metric_logs import LogRow, MetricLog, load_metric_log
+from mldebug_common import Finding, InputError, LOWER_IS_BETTER, fmt_num, make_parser, report, run
 
 TOOL = "read_curves"
 POINTS = (("start", 0.0), ("early", 0.1), ("middle", 0.5), ("end", 1.0))
 QUOTE_MAX = 160
+# Values a schedule or the configuration sets; matched against each '/'- or '_'-separated part.
+SCHEDULED = re.compile(r"(?:^|[/_.])(?:lr|learning_rate|kl_coef|kl_ctl|beta|temperature|"
+                       r"weight_decay|cliprange|clip_range|epsilon|momentum)(?:$|[/_.])", re.IGNORECASE)
 
 
 @dataclass
@@ -33,6 +43,7 @@ class Curve:
     maximum: tuple[float, float]
     findings: list[Finding] = field(default_factory=list)
     quote_row: LogRow | None = None  # the first anomaly's row, else the last row
+    note: str = ""  # why a set value was not judged
 
 
 def pick_points(steps: np.ndarray, by_step: bool) -> dict[str, int]:
@@ -48,8 +59,23 @@ def pick_points(steps: np.ndarray, by_step: bool) -> dict[str, int]:
     return out
 
 
-def spikes(values: np.ndarray, z_limit: float) -> list[tuple[int, float]]:
-    """Points far from the median of their neighbours: (index, robust z), largest first.
+def is_set_value(name: str, expect_constant: set[str]) -> bool:
+    """True for a value the configuration sets: a schedule name or one the user marked constant."""
+    return bool(SCHEDULED.search(name)) or name in expect_constant
+
+
+def step_noise(values: np.ndarray) -> float:
+    """Robust size of the step-to-step noise: scaled MAD of first differences over sqrt(2)."""
+    if len(values) < 3:
+        return 0.0
+    d = np.diff(values)
+    noise = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2)
+    # Rounding in a smooth curve is not noise; below a billionth of the values' size it counts as none.
+    return noise if noise > 1e-9 * float(np.max(np.abs(values))) else 0.0
+
+
+def spikes(values: np.ndarray, z_limit: float) -> list[tuple[int, float, float, float]]:
+    """Points far from the median of their neighbours: (index, robust z, neighbours' median, scale).
 
     A centred running median follows any monotone trend exactly, so a fast early descent or a step
     change leaves no residual; only a point that jumps away from both sides does.
@@ -65,7 +91,8 @@ def spikes(values: np.ndarray, z_limit: float) -> list[tuple[int, float]]:
     if scale == 0:
         return []
     z = np.abs(resid) / scale
-    hits = [(i + half, float(z[i])) for i in np.flatnonzero(z > z_limit)]
+    hits = [(i + half, float(z[i]), float(values[i + half] - resid[i]), scale)
+            for i in np.flatnonzero(z > z_limit)]
     return sorted(hits, key=lambda t: -t[1])
 
 
@@ -82,8 +109,8 @@ def flat_tail(values: np.ndarray) -> int:
 
 
 def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
-            lower_better: bool) -> Curve | None:
-    """Read one metric's curve and attach its anomaly findings."""
+            lower_better: bool, set_value: bool = False) -> Curve | None:
+    """Read one metric's curve and attach its anomaly findings (NaN/Inf only for a set value)."""
     series = log.series(name, step_key)
     if not series:
         return None
@@ -106,42 +133,68 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
     ascending = bool(np.all(np.diff(fsteps) >= 0))
     idx = pick_points(fsteps, ascending)
     points = {k: (float(fsteps[i]), float(fvals[i]), frows[i]) for k, i in idx.items()}
-    for i, z in spikes(fvals, spike_z)[:3]:
-        findings.append(Finding(path, frows[i].line, "SPIKE",
-                                f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
-                                f"(robust z {z:.0f} against its neighbours)"))
-    tail = flat_tail(fvals)
-    if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
-        where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
-        findings.append(Finding(path, frows[-tail].line, "FLAT",
-                                f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
-    findings += divergence(path, name, fsteps, fvals, frows, lower_better)
     lo, hi = int(np.argmin(fvals)), int(np.argmax(fvals))
+    tail = flat_tail(fvals)
+    note = ""
+    if set_value:
+        note = (f"{name} is a set value (schedule or --expect-constant): "
+                + (f"held at {fmt_num(fvals[-1])} from step {fmt_num(fsteps[-tail])}" if tail > 1
+                   else f"ranges {fmt_num(fvals[lo])} to {fmt_num(fvals[hi])}")
+                + "; not judged for flat, spike or divergence")
+    else:
+        for i, z, around, scale in spikes(fvals, spike_z)[:3]:
+            findings.append(Finding(path, frows[i].line, "SPIKE",
+                                    f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
+                                    f"against {fmt_num(around)} around it (robust z {z:.0f}, noise scale "
+                                    f"{fmt_num(scale)})"))
+        if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
+            where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
+            findings.append(Finding(path, frows[-tail].line, "FLAT",
+                                    f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
+        findings += divergence(path, name, fsteps, fvals, frows, lower_better)
     by_line = {r.line: r for r in rows}
     quote_row = by_line[findings[0].line] if findings else frows[-1]
     return Curve(name, len(values), points, (float(fvals[lo]), float(fsteps[lo])),
-                 (float(fvals[hi]), float(fsteps[hi])), findings, quote_row)
+                 (float(fvals[hi]), float(fsteps[hi])), findings, quote_row, note)
 
 
 def divergence(path: str, name: str, steps: np.ndarray, values: np.ndarray, rows: list[LogRow],
                lower_better: bool) -> list[Finding]:
-    """Blow-up of magnitude in the last tenth, or a lower-is-better metric ending above its start."""
+    """Blow-up of magnitude at the end, or a lower-is-better metric ending clearly above its start.
+
+    Both are judged against the metric's own scale and noise, so a loss that hovers around zero
+    (GRPO's, say) is not diverging when it ends a little above where it started: the start and end
+    are medians of a tenth of the run, and the rise must exceed four standard errors of their
+    difference under the measured step-to-step noise.
+    """
     n = len(values)
     if n < 5:
         return []
-    out = []
-    tail = values[-max(1, n // 10):]
-    head_scale = float(np.median(np.abs(values[: max(1, n // 2)])))
-    if head_scale > 0 and float(np.max(np.abs(tail))) > 10 * head_scale:
-        out.append(Finding(path, rows[-1].line, "DIVERGE",
-                           f"{name} grows to {fmt_num(float(np.max(np.abs(tail))))} in the last tenth, "
-                           f"over 10x its typical early size {fmt_num(head_scale)}"))
-    elif lower_better and values[0] > values.min() and values[-1] > values[0] + 0.01 * abs(values[0]):
-        best = int(np.argmin(values))
-        out.append(Finding(path, rows[-1].line, "DIVERGE",
-                           f"{name} ends at {fmt_num(values[-1])}, above its start {fmt_num(values[0])}, "
-                           f"after reaching {fmt_num(values[best])} at step {fmt_num(steps[best])}"))
-    return out
+    w = max(1, n // 10)
+    noise = step_noise(values)
+    first_half = values[: max(1, n // 2)]
+    head_scale = max(float(np.median(np.abs(first_half))),
+                     1.4826 * float(np.median(np.abs(first_half - np.median(first_half)))), noise)
+    peak = float(np.max(np.abs(values[-w:])))
+    if head_scale > 0 and peak > 10 * head_scale:
+        return [Finding(path, rows[-1].line, "DIVERGE",
+                        f"{name} reaches {fmt_num(peak)} in the last {w} point(s), {peak / head_scale:.0f}x "
+                        f"its typical size in the first half ({fmt_num(head_scale)}, the larger of its "
+                        f"median magnitude, spread and step-to-step noise)")]
+    if not lower_better:
+        return []
+    start, end = float(np.median(values[:w])), float(np.median(values[-w:]))
+    # Standard error of a median of w noisy points is about 1.25 noise / sqrt(w); of a difference, x sqrt(2).
+    margin = max(4 * 1.25 * noise * np.sqrt(2 / w), 0.01 * abs(start))
+    if end - start <= margin:
+        return []
+    best = int(np.argmin(values))
+    noise_text = f"{(end - start) / noise:.0f}x its step-to-step noise {fmt_num(noise)}" if noise > 0 \
+        else "with no step-to-step noise"
+    return [Finding(path, rows[-1].line, "DIVERGE",
+                    f"{name} ends at {fmt_num(end)} (median of the last {w} point(s)), "
+                    f"{fmt_num(end - start)} above its start {fmt_num(start)} ({noise_text}), after "
+                    f"reaching {fmt_num(values[best])} at step {fmt_num(steps[best])}")]
 
 
 def backwards_steps(log: MetricLog, step_key: str | None) -> list[Finding]:
@@ -192,6 +245,9 @@ def summary_table(log: MetricLog, curves: list[Curve], step_key: str | None) -> 
     """Plain-text overview: the file, its length, and one line per metric."""
     head = (f"{log.path}: {log.n_lines} lines read, {len(log.rows)} with metrics, format {log.fmt}, "
             f"step key {step_key or '(row order)'}")
+    for extra in [log.skipped_text(), *log.notes, *(c.note for c in curves if c.note)]:
+        if extra:
+            head += "\n" + extra
     rows = [("metric", "n", "start", "early", "middle", "end", "min (step)", "max (step)")]
     for c in curves:
         vals = [fmt_num(c.points[k][1]) if k in c.points else "-" for k, _ in POINTS]
@@ -206,8 +262,10 @@ def main() -> int:
     """Parse arguments, read each log, print the readings and anomalies, return the exit code."""
     parser = make_parser("read_curves.py", __doc__,
                          "Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.")
-    parser.add_argument("files", nargs="+", metavar="LOG", help="metrics log (JSONL, CSV or key=value text)")
-    parser.add_argument("--format", choices=("jsonl", "csv", "text"), help="override format detection")
+    parser.add_argument("files", nargs="+", metavar="LOG",
+                        help="metrics log (JSONL, CSV, key=value or mixed text, TensorBoard events)")
+    parser.add_argument("--format", choices=("jsonl", "csv", "text", "tensorboard"),
+                        help="override format detection (jsonl and text are read alike, line by line)")
     parser.add_argument("--step-key", help="key that orders rows (default: step, global_step, iter, epoch)")
     parser.add_argument("--metrics", help="comma-separated metrics to read (default: all numeric keys)")
     parser.add_argument("--spike-z", type=float, default=10.0,
@@ -215,26 +273,33 @@ def main() -> int:
     parser.add_argument("--lower-better", default="",
                         help="comma-separated metrics where lower is better, in addition to names "
                              "containing loss, error, nll, mse, mae or perplexity")
+    parser.add_argument("--expect-constant", default="",
+                        help="comma-separated metrics the configuration holds fixed, in addition to "
+                             "schedule names (lr, learning_rate, beta, kl_coef, temperature ...)")
     parser.add_argument("--p1-table", action="store_true", help="print the pre-filled P1 table")
     args = parser.parse_args()
     findings: list[Finding] = []
     texts, per_file = [], []
     extra_lower = {m.strip() for m in args.lower_better.split(",") if m.strip()}
+    expect_constant = {m.strip() for m in args.expect_constant.split(",") if m.strip()}
     for path in args.files:
         log = load_metric_log(path, args.format)
         step_key = log.step_key(args.step_key)
-        names = [m.strip() for m in args.metrics.split(",")] if args.metrics else \
-            [k for k in log.keys() if k != step_key]
+        names = [m.strip() for m in args.metrics.split(",")] if args.metrics else log.metrics(step_key)
         missing = [m for m in names if m not in log.keys()]
         if missing:
             raise InputError(f"{path}: metric(s) not in log: {', '.join(missing)}")
         curves = [c for m in names if (c := analyse(log, m, step_key, args.spike_z,
-                                                      bool(LOWER_IS_BETTER.search(m)) or m in extra_lower))]
+                                                      bool(LOWER_IS_BETTER.search(m)) or m in extra_lower,
+                                                      is_set_value(m, expect_constant)))]
         file_findings = backwards_steps(log, step_key) + [f for c in curves for f in c.findings]
         findings += file_findings
         texts.append(p1_table(curves) if args.p1_table else summary_table(log, curves, step_key))
         per_file.append({"file": path, "lines": log.n_lines, "rows": len(log.rows), "format": log.fmt,
-                         "step_key": step_key,
+                         "step_key": step_key, "skipped_lines": log.skipped,
+                         "first_skipped": log.first_skipped and {"line": log.first_skipped[0],
+                                                                 "text": log.first_skipped[1]},
+                         "notes": log.notes + [c.note for c in curves if c.note],
                          "metrics": {c.name: {"n": c.n, "min": c.minimum[0], "max": c.maximum[0],
                                               **{k: {"step": v[0], "value": v[1], "line": v[2].line}
                                                  for k, v in c.points.items()}} for c in curves},

@@ -2,12 +2,14 @@
 """Pick the rows of an evaluation JSONL to read in full: random, best, worst and anomalous.
 
 The random pick is seeded and stable: rows are ranked by a hash of the seed and the row id, so
-adding rows or reordering the file does not change which existing row is drawn. Best and worst
-are by the score key (ties broken by line). Anomalous rows have a missing or non-finite score, an
-empty output, the same output as rows with other inputs, an output copying its input, a length far
-from the rest, a phrase repeated in a loop, or a refusal. The sampling rule is printed with the
-rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group gets its own picks.
-Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
+adding rows or reordering the file does not change which existing row is drawn. Best and worst are
+by the score key (ties broken by line). Anomalous rows have a missing or non-finite score, an empty
+output, the same output as rows with other inputs, an output copying its input, a length far from
+the rest, a phrase repeated in a loop, or a refusal. When the outputs are class labels (a few
+distinct short values, each repeated), repeats and lengths are what a classifier's outputs look
+like, so those two checks are skipped and the label counts are printed instead. The sampling rule
+is printed with the rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group
+gets its own picks. Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
 """
 from __future__ import annotations
 
@@ -30,6 +32,22 @@ INPUT_KEYS = ("input", "prompt", "question", "source")
 REFUSAL = re.compile(r"^\W*(i can(?:'|\u2019)?t|i cannot|i'm sorry|i am sorry|as an ai)\b", re.IGNORECASE)
 LENGTH_Z = 3.5
 LOOP_NGRAM, LOOP_REPEATS = 4, 4
+LABEL_MAX_WORDS, LABEL_MAX_DISTINCT = 3, 20
+
+
+def label_counts(texts: list[str]) -> Counter | None:
+    """Counts per output when the outputs look like class labels, else None.
+
+    Labels are short (at most LABEL_MAX_WORDS words), few (at most LABEL_MAX_DISTINCT distinct
+    values, and at most half as many as there are rows) and non-empty; free text is none of these.
+    """
+    filled = [t.strip() for t in texts if t.strip()]
+    counts = Counter(filled)
+    if len(filled) < 4 or any(len(t.split()) > LABEL_MAX_WORDS for t in filled):
+        return None
+    if len(counts) > min(LABEL_MAX_DISTINCT, len(filled) // 2):
+        return None
+    return counts
 
 
 def pick_key(records: list[Record], wanted: str | None, candidates: tuple[str, ...], what: str,
@@ -53,8 +71,11 @@ def random_rank(seed: int, row_id: str) -> str:
 
 
 def anomalies(records: list[Record], score_key: str, text_key: str | None,
-              input_key: str | None) -> dict[int, list[str]]:
-    """Reasons each row is anomalous, keyed by line; rows with no reason are absent."""
+              input_key: str | None, labels: bool = False) -> dict[int, list[str]]:
+    """Reasons each row is anomalous, keyed by line; rows with no reason are absent.
+
+    With `labels`, outputs are class labels: repeats and length are not anomalies.
+    """
     reasons: dict[int, list[str]] = defaultdict(list)
     texts = {r.line: str(r.fields.get(text_key, "")) for r in records} if text_key else {}
     for r in records:
@@ -74,7 +95,7 @@ def anomalies(records: list[Record], score_key: str, text_key: str | None,
         if not text:
             reasons[r.line].append("empty output")
             continue
-        if len(inputs_of[text]) > 1:
+        if len(inputs_of[text]) > 1 and not labels:
             reasons[r.line].append(f"same output as rows with {len(inputs_of[text]) - 1} other "
                                    "input(s)")
         if input_key and text == str(r.fields.get(input_key, "")).strip():
@@ -87,7 +108,7 @@ def anomalies(records: list[Record], score_key: str, text_key: str | None,
             phrase, n = grams.most_common(1)[0]
             reasons[r.line].append(f"phrase '{' '.join(phrase)}' repeats {n} times")
     lengths = np.log1p([len(texts[r.line]) for r in records])
-    if len(records) >= 8:
+    if len(records) >= 8 and not labels:
         med = float(np.median(lengths))
         # Floor of 0.1 (about 10% in length) so near-identical lengths do not make every
         # small difference an outlier.
@@ -130,16 +151,20 @@ def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, st
     id_key = pick_key(records, args.id_key, ("id", "uid", "example_id"), "id", path, False)
     if args.group_key:
         pick_key(records, args.group_key, (), "group", path, True)
-    reasons = anomalies(records, score_key, text_key, input_key)
+    counts = label_counts([str(r.fields.get(text_key, "")) for r in records]) if text_key else None
+    reasons = anomalies(records, score_key, text_key, input_key, counts is not None)
     groups: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         groups[str(r.fields.get(args.group_key, "all")) if args.group_key else "all"].append(r)
     rule = (f"sampling rule: random = the {args.k} row(s) with the smallest sha256('{args.seed}:<"
             f"{id_key or 'line number'}>'); best/worst = highest/lowest '{score_key}' (ties: earlier "
             f"line); anomalous = every row failing a check (non-finite score"
-            + (f", empty, same output for other inputs, copied input, length |z|>{LENGTH_Z}, "
-               f"repeated phrase, refusal"
-               f" on '{text_key}'" if text_key else "; no text key, so output checks skipped") + ")"
+            + ((f", empty, copied input, refusal on '{text_key}'; outputs are class labels ("
+                + ", ".join(f"{k} {n}" for k, n in counts.most_common()) + "), so repeats and "
+                "lengths are not checked" if counts else
+                f", empty, same output for other inputs, copied input, length |z|>{LENGTH_Z}, "
+                f"repeated phrase, refusal on '{text_key}'") if text_key
+               else "; no text key, so output checks skipped") + ")"
             + (f"; per '{args.group_key}'" if args.group_key else ""))
     out_lines = [f"{path}: {len(records)} rows", rule]
     picks: dict[str, dict[str, list[int]]] = {}
@@ -158,6 +183,7 @@ def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, st
                 out_lines.append(json.dumps(by_line[line].fields, indent=2, ensure_ascii=False))
     findings = [Finding(path, line, "ANOMALOUS", "; ".join(rs)) for line, rs in sorted(reasons.items())]
     result = {"file": path, "rows": len(records), "score_key": score_key, "text_key": text_key,
+              "label_counts": dict(counts) if counts else None,
               "rule": rule, "picks": picks,
               "records": {str(line): by_line[line].fields for g in picks.values()
                           for lines in g.values() for line in lines}}

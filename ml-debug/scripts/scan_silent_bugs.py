@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mldebug_common import Finding, InputError, make_parser, read_text, report, run
+from tensor_flow import (LOSSES, benign_detach, call_name, last, normalised_twice, parents_of,
+                         reference_forward)
 
 TOOL = "scan_silent_bugs"
 SUPPRESS = re.compile(r"#\s*ml-debug:\s*ok\b", re.IGNORECASE)
@@ -98,7 +100,9 @@ LINE_PATTERNS = (
     ("SB-BROADCAST", re.compile(r"\b(?:mse_loss|l1_loss|smooth_l1_loss)\("
                                 r"|\(\s*[\w.]+\s*-\s*[\w.]+\s*\)\s*\*\*\s*2")),
     ("SB-EXPAND", re.compile(r"\.(?:expand|repeat|unsqueeze)\(")),
-    ("SB-DATA-READ", re.compile(r"\.data\b(?!\s*(?:\[[^\]]*\]\s*)?=[^=])(?!\.\w+_\()")),
+    # `torch.utils.data` is a package, not a tensor's .data; import lines are skipped too.
+    ("SB-DATA-READ", re.compile(r"^(?!\s*(?:from|import)\s)"
+                                r"(?=.*(?<!utils)\.data\b(?!\s*(?:\[[^\]]*\]\s*)?=[^=])(?!\.\w+_\())")),
     ("SB-FREEZE", re.compile(r"requires_grad\s*=\s*False|requires_grad_\(\s*False|\.freeze\(")),
     ("SB-CE-NO-WEIGHT", re.compile(r"CrossEntropyLoss\(\s*\)")),
     ("SB-LOSS-SIGN", re.compile(r"maximize\s*=\s*True|\(\s*-\s*\w*loss\w*\s*\)\.backward"
@@ -108,25 +112,6 @@ LINE_PATTERNS = (
 PER_EPOCH_SCHEDULERS = ("StepLR", "MultiStepLR", "ExponentialLR", "ReduceLROnPlateau")
 TIME_HINTS = re.compile(r"\b(date|datetime|timestamp|time_idx|lag|rolling|shift\(|forecast)", re.IGNORECASE)
 RANDOM_SAMPLERS_SKIP = {"split", "fold_in", "PRNGKey", "key", "key_data", "wrap_key_data", "clone"}
-
-
-def call_name(node: ast.AST) -> str:
-    """Dotted name of a call's function (`torch.nn.functional.softmax`), or '' if not a name."""
-    func = node.func if isinstance(node, ast.Call) else node
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    elif isinstance(func, ast.Call):
-        parts.append(call_name(func))
-    return ".".join(reversed(parts))
-
-
-def last(name: str) -> str:
-    """Final component of a dotted name."""
-    return name.rsplit(".", 1)[-1]
 
 
 def receiver(node: ast.Call) -> str:
@@ -172,21 +157,25 @@ def is_jitted(fn: ast.FunctionDef) -> bool:
 class Scanner(ast.NodeVisitor):
     """Walks one module's AST and records findings for the structural rules."""
 
-    def __init__(self, lines: list[str]):
+    def __init__(self, lines: list[str], comment_lines: set[int]):
         self.lines = lines
+        self.comment_lines = comment_lines
         self.hits: list[tuple[int, str]] = []
-        self.softmax_names: set[str] = set()
-        self.ce_names: set[str] = set()
+        self.details: dict[tuple[int, str], str] = {}
+        self.loss_names: dict[str, str] = {}  # instance name -> loss class, e.g. self.criterion
         self.per_epoch_scheds: set[str] = set()
         self.jax_random = {"jax.random"}
         self.forward_softmax = False  # a forward() returns probabilities
 
-    def hit(self, node: ast.AST, rule: str) -> None:
-        """Record a rule hit at a node's line."""
-        self.hits.append((node.lineno, rule))
+    def hit(self, node: ast.AST | int, rule: str, detail: str = "") -> None:
+        """Record a rule hit at a node's line (or a line number), with what was found there."""
+        line = node if isinstance(node, int) else node.lineno
+        self.hits.append((line, rule))
+        if detail:
+            self.details[(line, rule)] = detail
 
     def scan(self, tree: ast.Module) -> None:
-        """Collect names bound to softmax/CE/schedulers and JAX aliases, then run every rule."""
+        """Collect names bound to losses, schedulers and JAX aliases, then run every rule."""
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "forward":
                 self.forward_softmax |= any(
@@ -199,17 +188,40 @@ class Scanner(ast.NodeVisitor):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 name = call_name(node.value)
                 targets = [ast.unparse(t) for t in node.targets]
-                if last(name).lower() == "softmax":
-                    self.softmax_names.update(targets)
-                if last(name) in ("CrossEntropyLoss", "NLLLoss"):
-                    self.ce_names.update(targets)
+                if last(name) in LOSSES:
+                    self.loss_names.update((t, last(name)) for t in targets)
                 if last(name) in PER_EPOCH_SCHEDULERS or (
                         last(name) == "CosineAnnealingLR" and "epoch" in ast.unparse(node.value).lower()):
                     self.per_epoch_scheds.update(targets)
         self.visit(tree)
+        self.data_flow(tree)
+        self.detaches(tree)
         self.module_rules(tree)
         self.key_reuse([s for s in tree.body
                         if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
+
+    def data_flow(self, tree: ast.Module) -> None:
+        """Probabilities reaching a loss that normalises again, followed within each function."""
+        bodies = [tree.body] + [n.body for n in ast.walk(tree)
+                                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for body in bodies:
+            for line, why in normalised_twice(body, self.loss_names):
+                self.hit(line, "SB-SOFTMAX-CE", why)
+
+    def detaches(self, tree: ast.Module) -> None:
+        """Each .detach() that is neither explained by a comment nor a known-correct idiom."""
+        parents = parents_of(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and last(call_name(node)) == "detach" and not node.args \
+                    and not self.commented(node.lineno) and benign_detach(node, parents) is None:
+                self.hit(node, "SB-DETACH")
+
+    def commented(self, line: int) -> bool:
+        """True when the line, or the nearest non-blank line above it, is or carries a comment."""
+        if line in self.comment_lines:
+            return True
+        prev = next((j for j in range(line - 1, 0, -1) if self.lines[j - 1].strip()), 0)
+        return bool(prev) and self.lines[prev - 1].strip().startswith("#")
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         """Rules scoped to a function: forward, loss functions, __getitem__, jitted JAX code."""
@@ -248,13 +260,12 @@ class Scanner(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Call(self, node: ast.Call) -> None:
-        """Softmax output fed to cross-entropy, and fit_transform on non-training data."""
+        """A loss in a file whose forward returns softmax, and fit_transform on non-training data."""
         name = call_name(node)
-        if last(name) in ("cross_entropy", "nll_loss") or name in self.ce_names:
-            if node.args:
-                arg = node.args[0]
-                if is_softmax(arg) or ast.unparse(arg) in self.softmax_names or self.forward_softmax:
-                    self.hit(node, "SB-SOFTMAX-CE")
+        loss = self.loss_names.get(name) or last(name)
+        if loss in ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss") and node.args \
+                and self.forward_softmax:
+            self.hit(node, "SB-SOFTMAX-CE", "a forward() in this file returns softmax output")
         if last(name) == "fit_transform" and node.args:
             arg = ast.unparse(node.args[0]).lower()
             if "train" not in arg:
@@ -342,7 +353,7 @@ class Scanner(ast.NodeVisitor):
         if "backward" in names and "eval" not in names:
             for node in ast.walk(tree):
                 if isinstance(node, ast.With) and any("no_grad" in ast.unparse(i.context_expr)
-                                                      for i in node.items):
+                                                      for i in node.items) and not reference_forward(node):
                     self.hit(node, "SB-NO-EVAL")
                     break
         source = "\n".join(self.lines)
@@ -423,17 +434,16 @@ def scan_file(path: str, show_all: bool) -> list[Finding]:
         for rule, rx in LINE_PATTERNS:
             if rx.search(code):
                 hits.append((i, rule))
-        if ".detach()" in code:
-            prev = next((j for j in range(i - 1, 0, -1) if lines[j - 1].strip()), 0)
-            if i not in comments and not (prev and lines[prev - 1].strip().startswith("#")):
-                hits.append((i, "SB-DETACH"))
+    scanner = Scanner(lines, comments)
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
         findings.append(Finding(path, exc.lineno or 1, "SB-SYNTAX",
                                 f"file does not parse ({exc.msg}); only line patterns were checked"))
+        # Without a tree the idioms cannot be told apart, so every uncommented detach is shown.
+        hits += [(i, "SB-DETACH") for i, line in enumerate(lines, 1)
+                 if ".detach()" in code_part(line) and not scanner.commented(i)]
     else:
-        scanner = Scanner(lines)
         scanner.scan(tree)
         hits += scanner.hits
     for line_no, rule_id in sorted(set(hits)):
@@ -441,7 +451,9 @@ def scan_file(path: str, show_all: bool) -> list[Finding]:
         text = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
         if (not rule.default and not show_all) or SUPPRESS.search(text):
             continue
-        findings.append(Finding(path, line_no, rule_id, f"`{text.strip()[:100]}`: {rule.check}"))
+        detail = scanner.details.get((line_no, rule_id))
+        findings.append(Finding(path, line_no, rule_id, f"`{text.strip()[:100]}`: "
+                                + (f"{detail}; " if detail else "") + rule.check))
     return sorted(findings, key=lambda f: (f.line, f.rule))
 
 
@@ -453,6 +465,11 @@ def expand(paths: list[str]) -> list[str]:
         if path.is_dir():
             out += sorted(str(f) for f in path.rglob("*.py"))
         elif path.exists():
+            if path.suffix.lower() not in (".py", ".pyw"):
+                raise InputError(f"{p}: not a Python file (expected .py source, got "
+                                 f"'{path.suffix or 'no suffix'}')")
+            if not read_text(p).strip():
+                raise InputError(f"{p}: empty file, nothing to scan")
             out.append(p)
         else:
             raise InputError(f"{p}: no such file or directory")

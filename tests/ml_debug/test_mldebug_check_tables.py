@@ -142,7 +142,7 @@ def test_p3_rule_unknown_cause(skill):
 
 
 def test_p3_rule_untested(skill):
-    text = p3(skill).replace("not tested: no rescoring with exact match yet", "none")
+    text = p3(skill).replace("not tested: no rescoring with exact match yet", "nothing")
     assert rules(text) == ["P3-UNTESTED"]
 
 
@@ -191,3 +191,32 @@ def test_p4_rules():
     assert rules(P4.replace("| no |", "| different |")) == ["P4-SAME"]
     no_ref = "No reference exists for this loss.\n\n" + P4.replace("`ref/config.py:18` 2e-4", "their default")
     assert rules(no_ref) == []
+
+
+P1_HEADER = ("| risky part | expected | start | early | middle | end | quoted line |\n"
+             "|---|---|---|---|---|---|---|\n")
+
+
+@pytest.mark.parametrize("placeholder", ["n/a", "N/A", "none", "xx", "?", "(blank)", "...", "-", "tbd", "NA"])
+def test_placeholders_are_empty_cells(placeholder):
+    row = f"| reward | rises | 0.2 (step 1) | {placeholder} | 0.4 (step 100) | 0.5 (step 200) | `reward=0.5` |\n"
+    found = TableChecker("r.md", P1_HEADER + row).check()
+    assert [(f.rule, f"placeholder '{placeholder}' left in cell" in f.message) for f in found] == [("CELL-EMPTY", True)]
+
+
+@pytest.mark.parametrize("cells, ok", [
+    ("unknown: no eval before step 50; add one at step 0 | unknown: same | unknown: same as the start column", True),
+    ("unknown: no eval before step 50; add one at step 0 | unknown: ditto | unknown: as above", True),
+    ("0.2 (step 1) | unknown: same | 0.4 (step 100)", False),
+    ("unknown: no eval before step 50; add one at step 0 | 0.3 (step 20) | unknown: same as the early column", False),
+])
+def test_a_row_may_refer_back_to_an_unknown_it_already_explained(cells, ok):
+    row = f"| eval accuracy | rises | {cells} | 0.5 (step 200) | `eval_accuracy=0.5` |\n"
+    found = [f.rule for f in TableChecker("r.md", P1_HEADER + row).check()]
+    assert found == ([] if ok else ["CELL-UNKNOWN"])
+
+
+def test_p1_quoted_line_may_be_an_unknown_that_names_the_metric_to_log():
+    row = ("| format reward | above 0.9 | unknown: not logged; log rewards/format from job 8 | unknown: same "
+           "| unknown: same | unknown: same | unknown: not logged yet; add it in job 8 |\n")
+    assert TableChecker("r.md", P1_HEADER + row).check() == []

@@ -1,5 +1,6 @@
 """Every checker from a shell: --help, exit 0 clean / 1 findings / 2 bad input, and --json."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -43,10 +44,42 @@ def inputs(skill, write):
     }
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+ALL_SCRIPTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "ml-debug" / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_help(cli, script):
+    # Library modules too (mldebug_common, metric_logs, tensor_flow): every file answers --help.
     res = cli(script, "--help")
     assert res.code == 0 and "usage:" in res.out and "--json" in res.out
+
+
+def test_all_scripts_include_the_libraries():
+    assert {"mldebug_common", "metric_logs", "tensor_flow"} | set(SCRIPTS) <= set(ALL_SCRIPTS)
+
+
+WRONG_KIND = {
+    "check_training_guide": ("TG-FM-MISSING", 1), "check_evidence_criteria": ("EC-MISSING", 1),
+    "check_tables": ("NO-TABLES", 1), "read_curves": ("not a metrics log", 2),
+    "check_overfit": ("not a metrics log", 2), "scan_silent_bugs": ("not a Python file", 2),
+    "sample_outputs": ("not valid JSON", 2), "paired_compare": ("no 'arm' column", 2),
+}
+
+
+@pytest.mark.parametrize("script", sorted(WRONG_KIND))
+def test_a_file_of_the_wrong_kind_is_never_ok(cli, write, script):
+    # Each checker gets a file meant for another one: a Python script, or a log for the scanner.
+    wrong = write("metrics.jsonl", '{"step": 1, "loss": 2.0}\n') if script == "scan_silent_bugs" \
+        else write("train.py", "import torch\nlr = 3e-4\n")
+    res = cli(script, wrong)
+    text, code = WRONG_KIND[script]
+    assert res.code == code and text in res.out + res.err and "OK" not in res.out
+
+
+@pytest.mark.parametrize("script", ["read_curves", "check_overfit", "scan_silent_bugs", "paired_compare"])
+def test_an_empty_file_is_never_ok(cli, write, script):
+    res = cli(script, write("empty.py" if script == "scan_silent_bugs" else "empty.jsonl", ""))
+    assert res.code == 2 and "empty file" in res.err
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

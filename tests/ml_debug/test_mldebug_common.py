@@ -91,36 +91,3 @@ def test_read_text_errors_name_the_file(tmp_path):
     (tmp_path / "latin").write_bytes(b"caf\xe9")
     with pytest.raises(mc.InputError, match="not UTF-8"):
         mc.read_text(tmp_path / "latin")
-
-
-def test_metric_log_formats_agree(tmp_path):
-    rows = [{"step": s, "loss": 2.0 - s / 10} for s in range(5)]
-    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    (tmp_path / "a.csv").write_text("step,loss\n" + "\n".join(f"{r['step']},{r['loss']}" for r in rows))
-    (tmp_path / "a.log").write_text("boot ok\n" + "\n".join(
-        f"12:00:0{r['step']} INFO step={r['step']} loss: {r['loss']}" for r in rows))
-    series = []
-    for name in ("a.jsonl", "a.csv", "a.log"):
-        log = mc.load_metric_log(str(tmp_path / name))
-        key = log.step_key()
-        assert key == "step"
-        series.append([(s, v) for s, v, _ in log.series("loss", key)])
-    assert series[0] == series[1] == series[2]
-
-
-def test_metric_log_nested_json_nan_and_config_lines(tmp_path):
-    path = tmp_path / "m.jsonl"
-    path.write_text('{"step": 1, "eval": {"loss": NaN}}\n{"lr": 0.1}\n{"step": 2, "eval": {"loss": 1.5}}\n')
-    log = mc.load_metric_log(str(path))
-    values = [v for _, v, _ in log.series("eval/loss", "step")]
-    assert len(values) == 2 and values[1] == 1.5
-    assert log.series("lr", "step") == []
-
-
-def test_metric_log_rejects_bad_input(tmp_path):
-    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
-    with pytest.raises(mc.InputError, match=r"bad.jsonl:2: not valid JSON"):
-        mc.load_metric_log(str(tmp_path / "bad.jsonl"))
-    (tmp_path / "words.log").write_text("nothing numeric here\n")
-    with pytest.raises(mc.InputError, match="no numeric values"):
-        mc.load_metric_log(str(tmp_path / "words.log"))

@@ -34,8 +34,21 @@ def test_frontmatter(skill_md):
 
 def test_every_checker_is_named_with_its_command(skill_md, skill):
     for name in CHECKERS:
-        assert f"python3 ml-debug/scripts/{name}.py" in skill_md
+        assert f"python3 <skill_root>/scripts/{name}.py" in skill_md
         assert (skill.scripts / f"{name}.py").is_file()
+
+
+def test_commands_do_not_assume_the_repository_layout(skill):
+    # Linked into .claude/skills/, the folder is no longer called ml-debug/ under the working directory.
+    skill_md = (skill.root / "SKILL.md").read_text()
+    assert "`<skill_root>` is this skill's folder" in skill_md
+    for doc in [skill.root / "SKILL.md", *skill.references.glob("*.md"), *skill.assets.glob("*.md"),
+                *skill.examples.rglob("*.md")]:
+        assert "python3 ml-debug/scripts" not in doc.read_text(), doc.name
+
+
+def test_dependency_line_names_pyyaml(skill_md):
+    assert "(standard library, numpy and\npyyaml only)" in skill_md
 
 
 def test_every_path_in_skill_md_exists(skill_md, skill):
@@ -84,7 +97,7 @@ def test_checker_runs_page_matches_real_runs(skill):
     for cmd, expected, code in runs:
         argv = shlex.split(cmd)
         argv[0] = sys.executable
-        proc = subprocess.run(argv, cwd=skill.root.parent, capture_output=True, text=True, env=env,
+        proc = subprocess.run(argv, cwd=skill.root, capture_output=True, text=True, env=env,
                               timeout=60)
         assert proc.returncode == code, cmd
         assert (proc.stdout + proc.stderr).rstrip("\n") == expected, cmd

@@ -110,3 +110,20 @@ def test_rule_evidence_b_metric(example):
     end = example.index("ELSE:")
     text = example[:start] + "EVIDENCE B, quantitative: better than the base model.\n" + example[end:]
     assert rules(text) == ["EC-METRIC"]
+
+
+@pytest.mark.parametrize("exposure, names", [
+    ("; exposed by a metric.", ""),
+    ("; exposed by the shuffled-prompt arm.", "shuffled-prompt"),
+    ("; caught by `answer_entropy`.", "answer_entropy"),
+])
+def test_rule_exposure_must_name_a_metric_or_arm_the_document_defines(example, exposure, names):
+    text = example.replace("; exposed by the majority-answer baseline arm.", exposure)
+    found = check_block("AGENTS.md", text)
+    assert [f.rule for f in found] == ["EC-PERVERSE-EXPOSE"]
+    assert ("found nowhere else" in found[0].message) == bool(names) and names in found[0].message
+
+
+def test_rule_exposure_by_an_arm_named_in_evidence_a(example):
+    text = example.replace("; exposed by the majority-answer baseline arm.", "; exposed by the placebo arm.")
+    assert rules(text) == []

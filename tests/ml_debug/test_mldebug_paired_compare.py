@@ -109,3 +109,22 @@ def test_bootstrap_is_deterministic_and_sign_flip_exact():
     assert bootstrap_interval(diffs, 0.95, 500, 0) == bootstrap_interval(diffs, 0.95, 500, 0)
     assert sign_flip_p(diffs, 0) == pytest.approx(2 / 8)
     assert sign_flip_p(np.array([0.1, -0.1]), 0) == 1.0
+
+
+def test_unresolved_says_how_many_seeds_would_resolve_it(cli, write):
+    # Five seeds that all agree, a gap several times the seed spread: only the sign-flip floor is missing.
+    rows = ["arm,seed,acc"] + [f"{arm},{s},{0.6 + (0.057 + 0.004 * (s % 3) if arm == 'b' else 0.01 * (s % 2))}"
+                               for s in range(5) for arm in ("a", "b")]
+    res = cli("paired_compare", write("r.csv", "\n".join(rows)), "--a", "b", "--b", "a", "--json")
+    comp = res.json["comparisons"][0]
+    assert comp["verdict"] == "unresolved" and comp["pairs_to_resolve"] == 6
+    assert "about 6 pairs (1 more) would resolve it" in res.json["findings"][0]["message"]
+
+
+def test_pairs_to_resolve_grows_with_the_spread():
+    import numpy as np
+    from paired_compare import seeds_to_resolve
+    tight, _ = seeds_to_resolve(np.array([0.05, 0.06, 0.055, 0.05]), 0.95)
+    noisy, why = seeds_to_resolve(np.array([0.05, -0.04, 0.09, -0.02]), 0.95)
+    assert tight == 6 and noisy > 20 and "for 80% power" in why
+    assert seeds_to_resolve(np.array([0.1]), 0.95)[0] is None

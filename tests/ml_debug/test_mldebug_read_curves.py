@@ -6,8 +6,9 @@ import pytest
 
 from check_quotes import extract_quotes, found, log_lines
 from check_tables import TableChecker
-from mldebug_common import load_metric_log, parse_tables
-from read_curves import analyse, backwards_steps, p1_table
+from metric_logs import load_metric_log
+from mldebug_common import parse_tables
+from read_curves import analyse, backwards_steps, is_set_value, p1_table
 
 
 def curve(tmp_path, values, name="loss", steps=None):
@@ -69,7 +70,7 @@ def test_lower_is_better_metric_ending_above_its_start(tmp_path):
     values = [2.0 - i * 0.02 for i in range(50)] + [1.0 + i * 0.03 for i in range(50)]
     _, c = curve(tmp_path, values)
     assert [f.rule for f in c.findings] == ["DIVERGE"]
-    assert "above its start 2" in c.findings[0].message
+    assert "above its start 1.91 (with no step-to-step noise)" in c.findings[0].message
     _, acc = curve(tmp_path, values, name="acc")
     assert acc.findings == []
 
@@ -117,3 +118,51 @@ def test_example_run_log_readings(skill):
     assert c.points["start"][1] == pytest.approx(3.6528)
     assert c.points["end"][1] == pytest.approx(2.0343)
     assert c.findings[0].rule == "SPIKE" and c.findings[0].line == 76
+
+
+def test_constant_schedule_is_not_flat(tmp_path):
+    # constant_with_warmup: ten warmup steps, then the configured value for the rest of the run.
+    log, c = curve(tmp_path, [1e-6 * min(1, (i + 1) / 10) for i in range(200)], name="learning_rate")
+    assert [f.rule for f in c.findings] == ["FLAT"]  # what a judged metric would get
+    assert is_set_value("learning_rate", set()) and is_set_value("actor/lr", set())
+    assert is_set_value("kl_coef", set()) and not is_set_value("reward", set())
+    c = analyse(log, "learning_rate", "step", 10.0, False, set_value=True)
+    assert c.findings == [] and "held at 1e-06 from step 90" in c.note
+    log, _ = curve(tmp_path, [0.5] * 50, name="format_reward")
+    assert [f.rule for f in analyse(log, "format_reward", "step", 10.0, False).findings] == ["FLAT"]
+    assert analyse(log, "format_reward", "step", 10.0, False, set_value=True).findings == []
+
+
+def test_expect_constant_from_the_shell(cli, write):
+    path = write("m.jsonl", "\n".join(json.dumps({"step": i, "clip_ratio": 0.0, "loss": 1 / (i + 1)})
+                                      for i in range(30)))
+    assert "FLAT" in cli("read_curves", path).out
+    res = cli("read_curves", path, "--expect-constant", "clip_ratio")
+    assert res.code == 0 and "clip_ratio is a set value" in res.out
+
+
+def test_loss_hovering_near_zero_is_not_diverging(tmp_path):
+    rng = __import__("random").Random(1)
+    values = [0.00005 * i + rng.gauss(0, 0.01) for i in range(200)]  # GRPO-like: noise around zero
+    _, c = curve(tmp_path, values)
+    assert c.findings == []
+
+
+def test_real_divergence_states_its_numbers(tmp_path):
+    rng = __import__("random").Random(2)
+    values = [1.0 + rng.gauss(0, 0.02) for _ in range(150)] + [1.0 + 0.03 * i for i in range(50)]
+    _, c = curve(tmp_path, values)
+    assert [f.rule for f in c.findings] == ["DIVERGE"]
+    msg = c.findings[0].message
+    assert "median of the last 20 point(s)" in msg and "x its step-to-step noise" in msg
+
+
+def test_mixed_jsonl_log_with_a_warning_from_the_shell(cli, write):
+    lines = [json.dumps({"step": i, "epoch": i / 50, "loss": 2.0 / (i + 1) + 0.5}) for i in range(40)]
+    lines.insert(5, "2026-11-20 09:58:40 - WARNING - trl - 3 completions were truncated")
+    res = cli("read_curves", write("m.jsonl", "\n".join(lines)), "--json")
+    assert res.code == 0
+    log = res.json["logs"][0]
+    assert log["skipped_lines"] == 1 and log["first_skipped"]["line"] == 6
+    assert set(log["metrics"]) == {"loss"}  # epoch is an axis, not a metric
+    assert "read by epoch" not in log["p1_table"]

@@ -82,7 +82,8 @@ def test_missing_score_key_is_bad_input(tmp_path):
 
 
 def overfit_args(**kw):
-    base = dict(metric=None, step_key=None, format=None, target=0.05, relative=None, num_classes=None)
+    base = dict(metric=None, step_key=None, format=None, target=0.05, relative=None, num_classes=None,
+                pretrained=False)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -127,7 +128,7 @@ def test_overfit_initial_loss_against_chance(tmp_path):
 
 
 def test_overfit_without_loss_column(tmp_path):
-    with pytest.raises(InputError, match="no loss column"):
+    with pytest.raises(InputError, match="no training loss column"):
         check_overfit(loss_log(tmp_path, [1.0, 0.5], key="acc"), overfit_args())
 
 
@@ -171,3 +172,42 @@ def test_check_quotes_cli_finds_missing_and_length(cli, write):
     assert "CQ-NOT-FOUND: quote not in" in res.out and "CQ-LENGTH: report says 30 lines" in res.out
     none = write("none.md", "Looks fine to me.\n")
     assert "CQ-NONE" in cli("check_quotes", none, log).out
+
+
+def test_classifier_labels_are_not_duplicate_outputs(cli, write):
+    rows = [{"id": i, "input": f"ticket {i}", "output": ("billing", "login", "refund")[i % 3],
+             "score": i % 2} for i in range(12)]
+    res = cli("sample_outputs", write("labels.jsonl", "\n".join(json.dumps(r) for r in rows)), "--json")
+    assert res.code == 0, res.out
+    assert res.json["samples"][0]["label_counts"] == {"billing": 4, "login": 4, "refund": 4}
+    assert "outputs are class labels" in res.json["samples"][0]["rule"]
+    rows[5]["output"] = ""
+    res = cli("sample_outputs", write("labels.jsonl", "\n".join(json.dumps(r) for r in rows)), "--json")
+    assert [(f["line"], f["message"]) for f in res.json["findings"]] == [(6, "empty output")]
+
+
+def test_free_text_repeats_are_still_duplicates(cli, write):
+    rows = [{"id": i, "input": f"question {i}", "output": "I think the answer is probably seven", "score": 0}
+            for i in range(6)]
+    res = cli("sample_outputs", write("free.jsonl", "\n".join(json.dumps(r) for r in rows)), "--json")
+    assert res.code == 1 and "same output as rows with 5 other input(s)" in res.json["findings"][0]["message"]
+
+
+def test_overfit_grades_the_training_loss_and_names_it(cli, write):
+    rows = [{"step": 0, "eval_loss": 2.5}] + [{"step": s, "loss": 2.3 * 0.5 ** s} for s in range(10)] \
+        + [{"step": 9, "eval_loss": 2.9}]
+    res = cli("check_overfit", write("o.jsonl", "\n".join(json.dumps(r) for r in rows)), "--json")
+    run = res.json["runs"][0]
+    assert res.code == 0 and run["metric"] == "loss" and run["not_graded"] == ["eval_loss"]
+    assert "graded column: loss (not graded: eval_loss)" in cli("check_overfit", write("o2.jsonl", "\n".join(
+        json.dumps(r) for r in rows))).out
+
+
+def test_overfit_pretrained_lm_start_is_not_leakage(cli, write):
+    path = write("lm.jsonl", "\n".join(json.dumps({"step": s, "loss": 2.3 * 0.4 ** s}) for s in range(8)))
+    random_init = cli("check_overfit", path, "--num-classes", "151936")
+    assert random_init.code == 1 and "unless the model is pretrained" in random_init.out
+    pretrained = cli("check_overfit", path, "--num-classes", "151936", "--pretrained")
+    assert pretrained.code == 0 and "vs ln(151936) = 11.93, the uniform-guess loss; a pretrained" in pretrained.out
+    worse = write("worse.jsonl", "\n".join(json.dumps({"step": s, "loss": 30 * 0.01 ** s}) for s in range(3)))
+    assert "OVERFIT-INIT" in cli("check_overfit", worse, "--num-classes", "151936", "--pretrained").out

@@ -176,7 +176,7 @@ def test_unparseable_file_still_gets_line_rules(tmp_path):
 def test_example_script_findings(skill):
     found = {f.rule for f in scan_file(str(skill.examples / "train_buggy.py"), False)}
     assert found == {"SB-WORKER-RNG", "SB-FIT-LEAK", "SB-NO-ZERO-GRAD", "SB-SOFTMAX-CE", "SB-NAN-MASK",
-                     "SB-SCHED-PER-BATCH", "SB-EVAL-NO-TRAIN", "SB-DETACH", "SB-SQUEEZE-ALL"}
+                     "SB-SCHED-PER-BATCH", "SB-EVAL-NO-TRAIN", "SB-SQUEEZE-ALL"}
 
 
 def test_every_rule_says_what_to_check():

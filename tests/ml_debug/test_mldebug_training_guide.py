@@ -173,3 +173,39 @@ def test_rule_growth_and_job_order(tmp_path, filled):
     assert rules(filled + "\n", str(previous)) == ["TG-GREW"]
     assert rules(filled.replace("last_reviewed_job: 37", "last_reviewed_job: 30"), str(previous)) \
         == ["TG-JOB-BACKWARDS"]
+
+
+@pytest.mark.parametrize("lead", ["Things that could go wrong:", "Suspects:", "Risks:", "## Culprits",
+                                  "Hypotheses for failure:", "What might break:", "**Pitfalls**:",
+                                  "Why it might not work:"])
+def test_rule_failure_list_found_by_cue_words(filled, lead):
+    text = filled.replace("## Live explanations", lead + "\n1. lr too high\n2. bad data\n\n## Live explanations")
+    assert rules(text) == ["TG-FAILURE-LIST"]
+
+
+@pytest.mark.parametrize("lead", ["Risks: the only one left is the eval parser.",
+                                  "The causes of the spike are not known yet:\n\nwe log the batch next.",
+                                  "What could go wrong is measured by step 4."])
+def test_rule_failure_cue_without_a_list_is_prose(filled, lead):
+    text = filled.replace("## Live explanations", lead + "\n\n## Live explanations")
+    assert "TG-FAILURE-LIST" not in rules(text)
+
+
+def test_frontmatter_is_real_yaml(skeleton):
+    # Quoted names with '#' and comments, which the old hand-written subset could not read.
+    text = skeleton.replace("last_reviewed_job: 0", "last_reviewed_job: 0  # none reviewed yet")
+    data, _, errors = parse_frontmatter(text.splitlines())
+    assert errors == [] and data["last_reviewed_job"] == 0
+    quoted = ["---", "last_reviewed_job: 3", "stages:", '  "data #1": working', "---"]
+    data, _, errors = parse_frontmatter(quoted)
+    assert errors == [] and data["stages"] == {"data #1": "working"}
+
+
+def test_frontmatter_duplicate_key_and_bad_yaml_name_the_line():
+    _, _, errors = parse_frontmatter(["---", "last_reviewed_job: 1", "last_reviewed_job: 2", "stages: {}", "---"])
+    assert errors == [(3, "frontmatter is not valid YAML: duplicate key 'last_reviewed_job'")]
+    _, _, errors = parse_frontmatter(["---", "stages: {data: [unknown", "---"])
+    assert errors and errors[0][1].startswith("frontmatter is not valid YAML")
+    data, _, errors = parse_frontmatter(["---", "- a list", "---"])
+    assert data is None and "must be a mapping" in errors[0][1]
+

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Read a training metrics log as it really is: mixed text, CSV exports, or TensorBoard events.
+
+A text log (JSONL or not) is read line by line: a JSON object, a Python dict as the Hugging Face
+Trainer prints it, or `key=value` / `key: value` pairs each make a row; any other line (warnings,
+tqdm bars, tracebacks) is skipped and counted. A CSV may be a plain table, a Weights & Biases chart
+export (`<run> - <metric>` columns with `__MIN`/`__MAX` companions) or an MLflow long table (one
+row per key, value and step). TensorBoard event files are read when the optional `tensorboard`
+package is installed. Axis columns (step, epoch, global_step, timestamp, _runtime ...) order the
+rows and are never read as metrics. Run directly to list what a log holds.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mldebug_common import (SCHEMA_VERSION, InputError, flatten, make_parser, read_records, read_text, run,
+                            sniff_format, to_float)
+
+# Searched in this order; the trainer's own step comes before W&B's count of log calls.
+STEP_KEYS = ("step", "global_step", "_step", "iteration", "iter", "it", "epoch")
+AXIS_KEYS = frozenset(STEP_KEYS) | {"timestamp", "_timestamp", "_runtime", "wall_time", "walltime",
+                                    "time_stamp", "relative_time"}
+NOT_LOGS = {".py": "Python source", ".md": "Markdown", ".ipynb": "a notebook", ".yaml": "YAML",
+            ".yml": "YAML", ".toml": "TOML", ".html": "HTML", ".pdf": "a PDF"}
+# A `file.py:328` source location is not a metric, hence the look-behind after the key.
+_KV = re.compile(r"(?<![\w./-])['\"]?([A-Za-z_][\w./-]*)(?<!\.py)['\"]?\s*[=:]\s*"
+                 r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
+                 r")(?![\w.:])", re.IGNORECASE)
+_WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
+_MLFLOW_KEY = ("key", "metric", "name", "tag")
+# Python prints non-finite floats as bare nan/inf, which literal_eval rejects; quoted, to_float reads them.
+_BARE_NONFINITE = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")
+
+
+def is_axis(key: str) -> bool:
+    """True for a column that orders rows (step, epoch, time) rather than measuring anything."""
+    return key.lower().rsplit("/", 1)[-1] in AXIS_KEYS
+
+
+@dataclass
+class LogRow:
+    """One log line (or CSV row, or TensorBoard step) that carried at least one numeric value."""
+
+    line: int
+    raw: str
+    values: dict[str, float]
+
+
+@dataclass
+class MetricLog:
+    """A parsed metrics log: its rows, the format, the lines read and the lines skipped."""
+
+    path: str
+    fmt: str
+    rows: list[LogRow]
+    n_lines: int
+    skipped: int = 0
+    first_skipped: tuple[int, str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def keys(self) -> list[str]:
+        """Every numeric key, in order of first appearance."""
+        seen: dict[str, None] = {}
+        for row in self.rows:
+            for k in row.values:
+                seen.setdefault(k, None)
+        return list(seen)
+
+    def metrics(self, step_key: str | None) -> list[str]:
+        """The measurements: keys other than the axes that appear on a row placed by the step key.
+
+        A key seen only on rows without a step (a config echo, a banner) has no curve to read.
+        """
+        placed = {k for row in self.rows if step_key is None or step_key in row.values for k in row.values}
+        return [k for k in self.keys() if k in placed and k != step_key and not is_axis(k)]
+
+    def step_key(self, wanted: str | None = None) -> str | None:
+        """The key that orders the rows: `wanted` if given and present, else a usual step name.
+
+        Matching ignores case and a logger prefix, so `Step` and `train/global_step` are found.
+        """
+        keys = self.keys()
+        if wanted:
+            if wanted not in keys:
+                raise InputError(f"{self.path}: step key '{wanted}' not found (keys: {', '.join(keys)})")
+            return wanted
+        for name in STEP_KEYS:
+            found = next((k for k in keys if k.lower().rsplit("/", 1)[-1] == name), None)
+            if found:
+                return found
+        return None
+
+    def series(self, key: str, step_key: str | None) -> list[tuple[float, float, LogRow]]:
+        """(step, value, row) for every row holding `key`.
+
+        Without a step key the row index stands in for the step. With one, rows lacking it (a
+        config line echoing lr=3e-4, say) are skipped because they have no place on the curve.
+        """
+        out = []
+        for i, row in enumerate(self.rows):
+            if key not in row.values or (step_key and step_key not in row.values):
+                continue
+            out.append((row.values[step_key] if step_key else float(i), row.values[key], row))
+        return out
+
+    def skipped_text(self) -> str:
+        """One sentence on the lines that held no metric, or '' when none were skipped."""
+        if not self.skipped:
+            return ""
+        line, text = self.first_skipped
+        text = text.strip()
+        text = text if len(text) <= 80 else text[:80] + "\u2026"
+        return f"skipped {self.skipped} line(s) holding no metric, the first at line {line}: '{text}'"
+
+
+def numeric_fields(obj: dict) -> dict[str, float]:
+    """Numeric values of a (possibly nested) record, keys joined with '/'."""
+    return {k: f for k, v in flatten(obj).items() if (f := to_float(v)) is not None}
+
+
+def dict_in_line(raw: str) -> dict | None:
+    """The JSON object or Python dict literal a line holds (after any prefix), else None.
+
+    `ast.literal_eval` evaluates literals only, so a crafted line cannot run code.
+    """
+    s = raw.strip()
+    start = s.find("{")
+    if start < 0 or not s.endswith("}"):
+        return None
+    body = s[start:]
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        try:
+            obj = ast.literal_eval(_BARE_NONFINITE.sub(r"'\1'", body))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+    return obj if isinstance(obj, dict) else None
+
+
+def parse_text(path: str, text: str, fmt: str) -> MetricLog:
+    """Mixed text: dict lines and key=value lines make rows; every other non-blank line is skipped."""
+    rows: list[LogRow] = []
+    skipped, first = 0, None
+    lines = text.splitlines()
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        obj = dict_in_line(raw)
+        vals = numeric_fields(obj) if obj is not None else \
+            {m.group(1): float(m.group(2)) for m in _KV.finditer(raw)}
+        if vals:
+            rows.append(LogRow(i, raw, vals))
+        else:
+            skipped += 1
+            first = first or (i, raw)
+    return MetricLog(path, fmt, rows, len(lines), skipped, first)
+
+
+def parse_csv(path: str, text: str) -> MetricLog:
+    """A CSV table, a W&B chart export or an MLflow long table, as rows of numeric values."""
+    records = read_records(path, text, "csv")
+    header = list(records[0].fields) if records else []
+    lower = {h.lower(): h for h in header}
+    key_col = next((lower[k] for k in _MLFLOW_KEY if k in lower), None)
+    notes: list[str] = []
+    rows: list[LogRow] = []
+    if key_col and "value" in lower:
+        # MLflow's long form: one row per (key, value, step); pivot it into one row per step.
+        notes.append(f"read as a long table: metric name in '{key_col}', value in '{lower['value']}'")
+        for rec in records:
+            value = to_float(rec.fields.get(lower["value"]))
+            if value is None:
+                continue
+            vals = {str(rec.fields[key_col]).strip(): value}
+            vals.update({h: f for h in header
+                         if is_axis(h) and (f := to_float(rec.fields.get(h))) is not None})
+            rows.append(LogRow(rec.line, rec.raw, vals))
+        return MetricLog(path, "csv", rows, len(text.splitlines()), notes=notes)
+    rename = wandb_columns(header)
+    if rename:
+        notes.append("read as a W&B export: run prefixes dropped, __MIN/__MAX columns ignored")
+    skipped, first = 0, None
+    for rec in records:
+        vals = {rename.get(k, k): f for k, v in rec.fields.items()
+                if not k.endswith(("__MIN", "__MAX")) and (f := to_float(v)) is not None}
+        if vals:
+            rows.append(LogRow(rec.line, rec.raw, vals))
+        else:
+            skipped += 1
+            first = first or (rec.line, rec.raw)
+    return MetricLog(path, "csv", rows, len(text.splitlines()), skipped, first, notes)
+
+
+def wandb_columns(header: list[str]) -> dict[str, str]:
+    """Map `<run> - <metric>` columns to `<metric>` when every such column names one run."""
+    matches = {h: _WANDB_COLUMN.match(h) for h in header}
+    runs = {m.group("run") for m in matches.values() if m}
+    if len(runs) != 1:
+        return {}
+    return {h: m.group("metric") for h, m in matches.items() if m}
+
+
+def parse_tensorboard(path: str) -> MetricLog:
+    """Scalars of a TensorBoard event file, one row per step (needs the optional tensorboard)."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        raise InputError(f"{path}: a TensorBoard event file; reading it needs the optional "
+                         "'tensorboard' package (pip install tensorboard), or export the scalars "
+                         "to CSV") from None
+    try:
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = acc.Tags().get("scalars", [])
+        by_step: dict[int, dict[str, float]] = {}
+        for tag in tags:
+            for event in acc.Scalars(tag):
+                by_step.setdefault(int(event.step), {})[tag] = float(event.value)
+    except Exception as exc:  # the reader raises many types on a damaged file; all mean "unreadable"
+        raise InputError(f"{path}: cannot read TensorBoard events ({exc})") from None
+    rows = []
+    for n, step in enumerate(sorted(by_step), 1):
+        vals = {"step": float(step), **by_step[step]}
+        raw = " ".join(f"{k}={v:g}" for k, v in vals.items())
+        rows.append(LogRow(n, raw, vals))
+    return MetricLog(path, "tensorboard", rows, len(rows))
+
+
+def parse_metric_log(path: str, text: str, fmt: str | None = None) -> MetricLog:
+    """Parse a metrics log's text; rows without any numeric value are counted as skipped."""
+    fmt = fmt or sniff_format(path, text)
+    if fmt == "csv":
+        return parse_csv(path, text)
+    if fmt in ("jsonl", "text"):
+        return parse_text(path, text, fmt)
+    raise InputError(f"{path}: unknown format '{fmt}' (use jsonl, csv, text or tensorboard)")
+
+
+def load_metric_log(path: str, fmt: str | None = None) -> MetricLog:
+    """Read and parse a metrics log, raising InputError when it is not one or holds no numbers."""
+    p = Path(path)
+    kind = NOT_LOGS.get(p.suffix.lower())
+    if kind and fmt is None:
+        raise InputError(f"{path}: this is {kind}, not a metrics log (JSONL, CSV, text or TensorBoard)")
+    if fmt == "tensorboard" or (fmt is None and "tfevents" in p.name):
+        log = parse_tensorboard(path)
+    else:
+        text = read_text(path)
+        if not text.strip():
+            raise InputError(f"{path}: empty file, expected a metrics log")
+        log = parse_metric_log(path, text, fmt)
+    if not log.rows:
+        skipped = f"; {log.skipped_text()}" if log.skipped else ""
+        raise InputError(f"{path}: no numeric values found (expected JSONL, CSV or key=value "
+                         f"lines){skipped}")
+    return log
+
+
+def main() -> int:
+    """List the format, step key, metrics and skipped lines of each log given."""
+    parser = make_parser("metric_logs.py", __doc__, "Exit 0 read, 2 unreadable input.")
+    parser.add_argument("files", nargs="+", metavar="LOG", help="metrics log")
+    args = parser.parse_args()
+    for path in args.files:
+        log = load_metric_log(path)
+        step = log.step_key()
+        info = {"schema_version": SCHEMA_VERSION, "file": path, "format": log.fmt,
+                "lines": log.n_lines, "rows": len(log.rows),
+                "step_key": step, "metrics": log.metrics(step), "skipped": log.skipped_text(),
+                "notes": log.notes}
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print("\n".join(f"{k}: {v}" for k, v in info.items()
+                            if v not in ("", []) and k != "schema_version"))
+    return 0
+
+
+if __name__ == "__main__":
+    run("metric_logs", main)
