@@ -80,10 +80,6 @@ SGLANG_TREES = {f: _renamed(t, Attention="RadixAttention") for f, t in VLLM_TREE
                 if f in ("llama", "qwen2", "qwen3")}
 
 # case -> what the pipeline says today instead of the expected answer (one line each).
-_TP_RANKS = ("exit 2: rollout: folder holds 2 dumps (steps: 0; ranks: 0, 1); choose one with --rollout-step "
-             "and --rollout-rank")
-_DP_RANKS = ("exit 2: train: folder holds 2 dumps (steps: 0; ranks: 0, 1); choose one with --train-step and "
-             "--train-rank (FSDP ranks: rank 0 holds the rollout's sequence, rank 1 another)")
 _GEMMA_EMBED = ("verdict root_cause_found (in_module_impl_difference at model.embed_tokens): transformers scales "
                 "the Gemma embedding by sqrt(hidden) inside the module, vLLM after it")
 XFAIL = {
@@ -91,23 +87,8 @@ XFAIL = {
     "gemma2_tp1_fp32_clean": _GEMMA_EMBED,
     "gemma2_tp1_fp32_stale_pre_ff_norm": ("in_module_impl_difference at mlp.gate_proj+up_proj / gate_up_proj of layer 0 "
                                           "instead of parameter_or_checkpoint_issue at pre_feedforward_layernorm"),
-    "llama_fsdp1_fp32_clean": _DP_RANKS,
-    "llama_fsdp1_fp32_stale_rollout": _DP_RANKS,
-    "llama_fsdp2_bf16_clean": _DP_RANKS,
-    "llama_fsdp2_fp32_stale_train": _DP_RANKS,
-    "llama_gen_tp2_bf16_clean": _TP_RANKS,
-    "llama_gen_tp2_fp32_stale_rollout": _TP_RANKS,
     "llama_tp1_fp32_lm_head_bf16": ("verdict no_credible_divergence: logits computed in bf16 (rel. error 2.9e-3, "
                                     "engine noise 0 in fp32) pass the default tolerance"),
-    "llama_tp2_fp32_clean": _TP_RANKS,
-    "llama_tp2_fp32_wrong_shard": _TP_RANKS,
-    "llama_tp2_tensor_clean": _TP_RANKS,
-    "llama_tp2_tensor_wrong_shard": _TP_RANKS,
-    "phi3_tp2_fp32_stale_qkv": _TP_RANKS,
-    "qwen2_tp2_fp32_stale_qkv_bias": _TP_RANKS,
-    "qwen3_moe_tp2_bf16_clean": _TP_RANKS,
-    "qwen3_moe_tp2_fp32_stale_experts": _TP_RANKS,
-    "sglang_llama_tp2_fp32_clean": _TP_RANKS,
 }
 
 _KEY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z0-9_]+)\.forward\.\d+$")
