@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +171,22 @@ class Executor:
             return res
         kt, kr = n_calls(tl), n_calls(rl)
         k = min(kt, kr)
-        ts, rs = combine([leaf_stats(x, k) for x in tl]), combine([leaf_stats(x, k) for x in rl])
+        rep = kv_replication(plan.point, tl, rl)
+        tparts, rparts = [leaf_stats(x, k) for x in tl], [leaf_stats(x, k) for x in rl]
+        if rep is not None:
+            side, r = rep
+            # The parts side's statistics as the merged fused side lays them out: k and v r times.
+            parts = tparts if side == "train" else rparts
+            parts[:] = [parts[0]] + [parts[1]] * r + [parts[2]] * r
+            res.notes.append(f"k and v replicated on {r} tensor-parallel ranks (fewer KV heads than ranks): "
+                             f"the {side} parts are combined with k and v counted {r} times")
+        ts, rs = combine(tparts), combine(rparts)
+        if rep is None and fused_kv_replicated(plan.point, tl, rl):
+            # Max and Min ignore duplicates; Mean and Norm need the parts, which the dump lacks.
+            ts, rs = (replace(x, mean=None, norm=None, numel=None) for x in (ts, rs))
+            rep = ("both", 0)
+            res.notes.append("only Max/Min compared: one side's fused qkv holds replicated KV heads (fewer KV "
+                             "heads than tensor-parallel ranks) and the dump has no per-part statistics")
         errors = None
         if max(kt, kr) > 1:
             ts, rs, errors = self._pick_call(res, ts, rs, kt, kr, k, tl[0].dtype, rl[0].dtype)
@@ -181,7 +196,9 @@ class Executor:
         if is_int_dtype(dt) != is_int_dtype(dr):
             res.reason = f"dtype conflict: {dt} vs {dr}"
             return res
-        tensors = self._tensors(plan, tl, rl, res) if self.use_tensors else None
+        tensors = self._tensors(plan, tl, rl, res) if self.use_tensors and rep is None else None
+        if rep is not None and self.use_tensors and all(lf.data_name for lf in tl + rl):
+            res.notes.append("replicated KV heads are compared by statistics (tensor regrouping not done)")
         if tensors is None and trim:
             res.reason = (f"the {trim} side holds one token more (the last sampled token, which the engine "
                           "returns and never feeds back): statistics over different tokens do not compare; "
@@ -430,6 +447,43 @@ _FORKED: tuple | None = None
 def _run_forked(i: int) -> Result:
     executor, plans = _FORKED
     return executor.run_one(plans[i])
+
+
+def kv_replication(point: str, tl: list[Leaf], rl: list[Leaf]) -> tuple[str, int] | None:
+    """(parts side, r) when a fused q|k|v merged from tensor-parallel ranks holds k and v r times.
+
+    With fewer KV heads than TP ranks, vLLM, SGLang and Megatron give each rank a copy of its KV
+    head(s), so rank r's fused shard is [q_r; k; v] and the merged tensor holds k and v r times.
+    Its size tells r: numel = q + r * (k + v) (references/tensor_parallel.md).
+    """
+    names = point.split("+")
+    if len(names) != 3 or not [n.split(".")[1] for n in names if n.count(".") >= 1] == ["q", "k", "v"]:
+        return None
+    for side, parts, fused in (("train", tl, rl), ("rollout", rl, tl)):
+        if len(parts) != 3 or len(fused) != 1 or not (fused[0].merge or "").startswith("concat"):
+            continue
+        nq, nk, nv, nf = (lf.numel for lf in (*parts, fused[0]))
+        if None in (nq, nk, nv, nf) or nk + nv == 0 or nf <= nq + nk + nv:
+            continue
+        r, rem = divmod(nf - nq, nk + nv)
+        if rem == 0 and r > 1 and len(fused[0].shards or ()) % r == 0:
+            return side, r
+    return None
+
+
+def fused_kv_replicated(point: str, tl: list[Leaf], rl: list[Leaf]) -> bool:
+    """Both sides fused q|k|v, one merged from R ranks and larger than the other but smaller than R
+    copies of it: the merged side repeats KV heads that fewer KV heads than ranks replicate."""
+    names = point.split("+")
+    if len(names) != 3 or [n.split(".")[1] if n.count(".") else "" for n in names] != ["q", "k", "v"]:
+        return False
+    if len(tl) != 1 or len(rl) != 1:
+        return False
+    for one, merged in ((tl[0], rl[0]), (rl[0], tl[0])):
+        ranks = int((merged.merge or "").startswith("concat")) and max(len(merged.shards or ()), 2)
+        if ranks and one.numel and merged.numel and one.numel < merged.numel < ranks * one.numel:
+            return True
+    return False
 
 
 def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):
