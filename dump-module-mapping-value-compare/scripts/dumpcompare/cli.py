@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from . import documents as D
+from . import htmlreport
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
@@ -18,7 +19,7 @@ from .loaders.parallel import default_jobs, load_files
 from .loaders.pairing import pair_steps
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
-from .outputs import write_atomic, write_csv, write_json
+from .outputs import clean, write_atomic, write_csv, write_json
 from .unshard import merge_ranks
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
@@ -101,7 +102,9 @@ def run(args: argparse.Namespace) -> dict:
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
-    sources = {s: D.source_info(dumps[s], fams[s]) for s in dumps}
+    sources = {s: {**D.source_info(dumps[s], fams[s]), "steps": [c for c in chains[s] if c is not None],
+                   "ranks": len(files[s][0]), "files": [str(f) for per_step in files[s] for f in per_step]}
+               for s in dumps}
     partial = any(v["partial"] for v in sources.values())
     out.mkdir(parents=True, exist_ok=True)
     doc1, (h1, r1) = D.output_1(sources, recs)
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> dict:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", doc4)
     write_atomic(out / "output_4_module_analysis.md", md4)
+    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(doc3), clean(doc4), sources))
     say("done")
     if not args.quiet:
         _summary(doc2["summary"], doc4, sources, mode, out)
@@ -164,6 +168,7 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
         p(f"  rank {m.module_priority_rank}: {', '.join(m.train_modules)} <-> "
           f"{', '.join(m.rollout_modules)}: {m.status} ({m.rank_reason})")
     p(f"outputs: {out}/output_1_key_mapping.json .. output_4_module_analysis.json")
+    p(f"report: {out / htmlreport.REPORT}")
 
 
 def main(argv: list[str] | None = None) -> int:

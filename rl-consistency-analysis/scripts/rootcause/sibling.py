@@ -1,6 +1,7 @@
 """Run the sibling compare skill as a subprocess (argument list, never a shell)."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,9 @@ from pathlib import Path
 PROGRESS_PREFIX = "[run_compare "
 SIBLING = "dump-module-mapping-value-compare"
 ENTRY = Path("scripts") / "run_compare.py"
+# The sibling owns the charts of report.html; this skill loads that one file by path (it imports
+# nothing of the sibling's package) and adds its verdict to the page.
+HTML_MODULE = Path("dumpcompare") / "htmlreport.py"
 
 
 class SiblingError(Exception):
@@ -46,3 +50,14 @@ def run(script: Path, argv: list[str], progress: bool = False) -> None:
     if proc.returncode != 0:
         msg = others[-1] if others else f"exit code {proc.returncode}"
         raise SiblingError(f"compare step failed: {msg.removeprefix('error: ')}")
+
+
+def load_html(script: Path):
+    """The sibling's report.html module, loaded from its file next to ``script``."""
+    path = script.parent / HTML_MODULE
+    spec = importlib.util.spec_from_file_location("sibling_htmlreport", path)
+    if spec is None or not path.is_file():
+        raise SiblingError(f"{path}: the sibling skill has no report module (update both skills together)")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
