@@ -175,7 +175,7 @@ def test_all_outputs_written_with_schema_version_and_partial(synth_run):
         assert (out.dir / name).is_file(), name
     for name in OUTPUT_JSON:
         doc = json.loads((out.dir / name).read_text(encoding="utf-8"))
-        assert list(doc)[0] == "schema_version" and doc["schema_version"] == "1.2"
+        assert list(doc)[0] == "schema_version" and doc["schema_version"] == "2.0"
         assert doc["partial"] is False
     assert not list(out.dir.glob(".*.tmp"))
 
@@ -210,7 +210,7 @@ def test_documented_keys_are_present(synth_run):
     r = out.d3["results"][0]
     assert set(r) == {"cid", "point", "kind", "axis", "mode", "status", "error", "tolerance",
                       "strict_tolerance", "train", "rollout", "stat_errors", "tensor_metrics", "reason",
-                      "notes", "dtype_differs", "pair", "calls"}
+                      "notes", "dtype_differs", "pair", "calls", "logprob"}
     assert set(out.d1["train"][0]) == {"index", "key", "kind", "direction", "path", "raw_path", "class",
                                        "call", "calls", "layer", "block", "role", "family", "fused_parts",
                                        "is_wrapper", "explained", "ports"}

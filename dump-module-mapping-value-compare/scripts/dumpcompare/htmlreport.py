@@ -419,7 +419,8 @@ def verdict_section(analysis: dict, root: dict | None) -> str:
             out.append(_table(("hypothesis", "confirmed if", "refuted if"),
                               [(h["statement"], h["confirm_if"], h["refute_if"]) for h in c["hypotheses"]]))
     sup = root.get("suppressed") or {}
-    for key, title in (("structural_different", "Structural pairs whose values differ (put down to layout)"),
+    for key, title in (("structural_different", "Structural pairs whose values differ"),
+                       ("structural_not_compared", "Structural pairs not comparable as stored"),
                        ("structural_clean", "Structural pairs whose values agree")):
         recs = sup.get(key) or []
         out.append(f"<details><summary>{text(title)}: {len(recs)}</summary>" + _table(

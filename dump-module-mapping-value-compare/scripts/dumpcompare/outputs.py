@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "2.0"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

@@ -47,8 +47,8 @@ def _finding(ev: Evidence, f: dict, reach: bool | None) -> dict:
 
 def _suppressed(records: list[dict]) -> dict:
     """Structural pairs set aside, split by whether their values agree, with counts saying so."""
-    split = {"structural_clean": [r for r in records if r.get("values") == "clean"],
-             "structural_different": [r for r in records if r.get("values") != "clean"]}
+    split = {f"structural_{v}": [r for r in records if r["values"] == v]
+             for v in ("clean", "different", "not_compared")}
     return {**split, "counts": {k: len(v) for k, v in split.items()}}
 
 
@@ -132,8 +132,9 @@ def summary(doc: dict, out_dir: Path) -> str:
     for n in doc["notes"]:
         lines.append(f"note: {n}")
     n = doc["suppressed"]["counts"]
-    lines.append(f"structural pairs set aside: {n['structural_different']} differing (put down to layout, "
-                 f"reasons in suppressed), {n['structural_clean']} agreeing")
+    lines.append(f"structural pairs set aside: {n['structural_different']} differing (put down to layout or "
+                 f"carried from upstream, reasons in suppressed), {n['structural_clean']} agreeing, "
+                 f"{n['structural_not_compared']} not comparable as stored")
     lv = doc.get("logits") or {}
     if lv.get("kind") == "per_token_logprob":
         first = lv.get("first_position_past_clean_level")

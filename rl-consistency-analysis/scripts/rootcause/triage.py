@@ -344,15 +344,20 @@ def structural_records(ev: Evidence) -> list[dict]:
             # Stored in different layouts (shards, padding): the values were not compared as they are.
             out.append({"train_module": _path_names(r["train"]["modules"]),
                         "rollout_module": _path_names(r["rollout"]["modules"]),
-                        "values": "different", "reason": f"{r['point']}: {r.get('reason')}"})
+                        "values": "not_compared", "reason": f"{r['point']}: {r.get('reason')}"})
     for m in ev.modules:
         if m["kind"] in FUSED_KINDS and m["status"] not in ("origin", "parameter_mismatch"):
             reason = m["note"] or "fused module compared through the combined statistics of its parts"
             out.append({"train_module": _path_names(m["train_modules"]),
                         "rollout_module": _path_names(m["rollout_modules"]),
-                        "values": "clean" if m["output_status"] in CLEAN + ("none",) else "different",
+                        "values": _values(m["output_status"]),
                         "status": m["status"], "reason": f"{m['kind']}: {reason}"})
     return out
+
+
+def _values(output_status: str) -> str:
+    """clean / different / not_compared: what the outputs of a structural pair showed."""
+    return "clean" if output_status in CLEAN else "different" if output_status in DIVERGED else "not_compared"
 
 
 def _module_key(f: dict) -> tuple:
