@@ -1,8 +1,6 @@
 """report.html and the parts of output_5 it shows: charts parsed as SVG (points, marks, labels),
 the log-prob view, the template filled from output_5 alone, suppressed vs other candidates.
 """
-import contextlib
-import io
 import json
 import re
 import shutil
@@ -23,28 +21,18 @@ CFG = Config(layers=4, hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim
 PREFILL = 10
 
 
-def run_main(argv):
-    from rootcause import cli
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
-
 def load_report(out_dir: Path) -> dict:
     return json.loads((Path(out_dir) / "output_5_root_cause_report.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    code, stdout, err = run_main(["--train", DEMO / "train", "--rollout", DEMO / "rollout", "--out-dir", out])
-    assert code == 0, err
-    return out, stdout
+def demo(analyze_pair):
+    res = analyze_pair(DEMO / "train", DEMO / "rollout")
+    return res.out, res.stdout
 
 
 @pytest.fixture(scope="module")
-def tensor_case(tmp_path_factory):
+def tensor_case(tmp_path_factory, analyze_pair):
     """Tensor dumps, rollout as prefill + decode calls, one weight of layer 2's down_proj corrupted."""
     base = tmp_path_factory.mktemp("tensor")
     w = init_weights(CFG)
@@ -52,10 +40,7 @@ def tensor_case(tmp_path_factory):
     full = run_side(CFG, "vllm", (F.CorruptWeight("rollout", "down", 2, 0.05), F.KernelNoise("rollout", seed=1)),
                     weights=w)
     write_dump(base / "rollout", split_prefill_decode(full, CFG.seq_len, PREFILL), task="tensor")
-    out = base / "out"
-    code, _, err = run_main(["--train", base / "train", "--rollout", base / "rollout", "--out-dir", out, "--quiet"])
-    assert code == 0, err
-    return out
+    return analyze_pair(base / "train", base / "rollout").out
 
 
 def svgs(out: Path) -> dict:
