@@ -1,7 +1,9 @@
 """Per-token log-probs of the dumped tokens (output_3 ``logprob``) and per-token errors."""
+import json
+
 import numpy as np
 
-from compare.test_compare_support import synth_run  # noqa: F401
+from compare.test_compare_support import SAMPLES, run_cli, synth_run  # noqa: F401
 from dumpcompare.compare.logprob import LogProbs, token_ids
 from dumpcompare.compare.tensors import Metrics, compact
 from synth import faults as F
@@ -88,3 +90,23 @@ def test_statistics_mode_frames_the_logits_statistics(synth_run):
     lp = out.d3["logprob"]
     assert lp["kind"] == "logits_statistics" and lp["status"] == "mismatch"
     assert lp["margin"] == lp["error"] / lp["tolerance"] > 1
+
+
+def test_real_msprobe_dumps_reproduce_torch_logprobs(tmp_path):
+    """Real msprobe 26.2 tensor dumps (tools/make_msprobe_logprob.py, dumped with the config of
+    make_dump_config.py): the log-probs computed from the dumped logits and token ids equal those
+    torch computed from the models' own logits."""
+    base = SAMPLES / "llama_L0_tensor_logprob"
+    expected = json.loads((base / "expected.json").read_text())
+    out = run_cli(base / "train", base / "rollout", tmp_path / "out")
+    lp = out.d3["logprob"]
+    assert lp["kind"] == "per_token_logprob" and lp["positions"] == expected["positions"]
+    assert lp["max_at_position"] == expected["max_at_position"]
+    assert np.isclose(lp["mean_abs_diff"], expected["mean_abs_diff"], rtol=1e-6)
+    assert np.isclose(lp["max_abs_diff"], expected["max_abs_diff"], rtol=1e-6)
+    got = out.result("M.logits")["logprob"]["abs_diff"]["values"]
+    assert np.allclose(got, expected["abs_diff"], rtol=5e-3, atol=0)    # the vector keeps 3 digits
+    # a 2% change of one MLP weight moves some positions past what float32 rounding allows
+    past_max_level = sum(d > lp["clean_level_max"] for d in expected["abs_diff"])
+    assert lp["positions_past_clean_level"] >= past_max_level >= 1
+    assert lp["first_position_past_clean_level"] is not None
