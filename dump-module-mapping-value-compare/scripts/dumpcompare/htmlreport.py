@@ -73,8 +73,10 @@ class Axis:
         step = max(1, (self.hi - self.lo) // 8)
         for e in range(int(self.lo), int(self.hi) + 1, step):
             y = self.bottom - (e - self.lo) / (self.hi - self.lo) * (self.bottom - self.top)
+            # Smaller values, exact zeros included, are drawn on the bottom line.
+            tick = f"≤1e{e}" if e == self.lo else f"1e{e}"
             out.append(f'<line x1="{left}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                       f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">1e{e}</text>')
+                       f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{tick}</text>')
         return out + ["</g>"]
 
 
