@@ -239,3 +239,11 @@ def test_report_renders_in_a_browser(demo, tmp_path):
                     (demo[0] / "report.html").as_uri()], capture_output=True, timeout=120, check=False)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000
+
+
+def test_html_of_empty_outputs_says_so():
+    from rootcause import sibling
+    mod = sibling.load_html(sibling.locate(REPO / "rl-consistency-analysis"))
+    page = mod.render({"mode": "statistics", "results": []}, {"modules": []}, {})
+    assert "No logits were compared" in page and "No module output was compared" in page
+    assert mod._group("M.a+M.b") is None and mod._group("L2.gate+L2.up") == (2, "mlp")

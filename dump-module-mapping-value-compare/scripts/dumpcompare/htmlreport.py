@@ -281,13 +281,11 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
 
 
 def _group(point: str) -> tuple[int, str] | None:
-    head, _, rest = point.partition(".")
-    if "+" in point or not head.startswith("L") or not head[1:].isdigit():
-        parts = point.split("+")
-        if len(parts) > 1 and all(p.startswith(head + ".") for p in parts):
-            rest = parts[0].partition(".")[2]
-        else:
-            return None
+    """(layer, attention|mlp|norms) of a layer's activation point; a fused point counts by its first part."""
+    parts = point.split("+")
+    head, _, rest = parts[0].partition(".")
+    if not (head.startswith("L") and head[1:].isdigit()) or any(not p.startswith(head + ".") for p in parts):
+        return None
     for name, members in GROUPS:
         if rest in members:
             return int(head[1:]), name
