@@ -69,7 +69,7 @@ import numpy as np  # noqa: E402
 
 COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "output_2_mapping.json",
                    "output_2_mapping.csv", "output_3_value_compare.json", "output_3_value_compare.csv",
-                   "output_4_module_analysis.json", "output_4_module_analysis.md")
+                   "output_4_module_analysis.json", "output_4_module_analysis.md", "report.html")
 ROOTCAUSE_OUTPUTS = COMPARE_OUTPUTS + ("output_5_root_cause_report.json",)
 OUTPUT_JSON = [n for n in COMPARE_OUTPUTS if n.endswith(".json")]
 MARKER = "PWNED"            # hostile pickles try to create files named PWNED*

@@ -186,11 +186,15 @@ def test_clean_pair_with_kernel_noise_has_no_credible_divergence(analyze, layout
     assert doc["verdict"] == "no_credible_divergence"
     assert doc["root_causes"] == []
     assert not [f for f in doc["other_candidates"] if f["category"] != "upstream_propagation"]
-    assert doc["suppressed"], "fused/unfused pairs must be listed as suppressed"
-    for s in doc["suppressed"]:
+    sup = doc["suppressed"]
+    assert sup["structural_clean"], "fused/unfused pairs must be listed as suppressed"
+    # a clean pair: every structural pair's values agree, and the counts say so
+    assert sup["structural_different"] == [] and sup["counts"]["structural_different"] == 0
+    assert sup["counts"]["structural_clean"] == len(sup["structural_clean"])
+    for s in sup["structural_clean"]:
         assert set(s) >= {"train_module", "rollout_module", "reason"} and s["reason"]
     if layout == "hf":
-        pairs = [(s["train_module"], s["rollout_module"]) for s in doc["suppressed"]]
+        pairs = [(s["train_module"], s["rollout_module"]) for s in sup["structural_clean"]]
         assert (qkv(1), L(1, "self_attn.qkv_proj")) in pairs
         assert (gate_up(1), L(1, "mlp.gate_up_proj")) in pairs
 

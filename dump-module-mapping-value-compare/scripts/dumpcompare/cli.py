@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import documents as D
+from . import htmlreport
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
@@ -18,7 +19,7 @@ from .loaders.joining import join_stages, join_steps, layer_numbers
 from .loaders.parallel import default_jobs, load_files
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
-from .outputs import COMPARE_OUTPUTS, remove_stale, write_atomic, write_csv, write_json
+from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
 from .unshard import merge_ranks, rank_relation
 
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> dict:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", doc4)
     write_atomic(out / "output_4_module_analysis.md", md4)
+    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(doc3), clean(doc4), sources))
     # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
     remove_stale(out, COMPARE_OUTPUTS)
     say("done")
@@ -184,6 +186,7 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
         p(f"  rank {m.module_priority_rank}: {', '.join(m.train_modules)} <-> "
           f"{', '.join(m.rollout_modules)}: {m.status} ({m.rank_reason})")
     p(f"outputs: {out}/output_1_key_mapping.json .. output_4_module_analysis.json")
+    p(f"report: {out / htmlreport.REPORT}")
 
 
 def main(argv: list[str] | None = None) -> int:

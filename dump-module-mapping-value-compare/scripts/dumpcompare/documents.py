@@ -5,6 +5,7 @@ from collections import Counter
 
 from .analysis import ModuleVerdict
 from .compare import Result
+from .compare.logprob import LOGITS_POINT
 from .mapping import MappingPlan
 from .naming import ModuleRecord
 from .outputs import fmt
@@ -123,6 +124,7 @@ def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, 
     """Value comparison: one record per executed comparison."""
     doc = {"mode": mode, "tolerances": tolerances,
            "summary": dict(Counter(r.status for r in results)),
+           "logprob": logits_view(results),
            "results": results}
     header = ["cid", "point", "kind", "mode", "status", "error", "tolerance", "train_modules", "rollout_modules",
               "train_dtype", "rollout_dtype", "train_shape", "rollout_shape", "max_diff", "min_diff", "mean_diff",
@@ -140,6 +142,26 @@ def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, 
                      calls.get("compared", 1), counts.get("mismatch", 0) + counts.get("nonfinite", 0) if calls else "",
                      calls.get("first_diverged", ""), r.reason or ";".join(r.notes)])
     return doc, [header, rows]
+
+
+def logits_view(results: list[Result]) -> dict | None:
+    """How far the model outputs differ: per-token log-probs (tensor mode) or the logits' statistics.
+
+    Vectors stay in the logits result (``results[].logprob``); this is the summary an agent reads
+    first, null when no logits were compared.
+    """
+    # SGLang dumps only the last token's logits (M.logits_last): statistics framing only.
+    r = next((x for p in (LOGITS_POINT, LOGITS_POINT + "_last") for x in results
+              if x.point == p and x.pair is None), None)
+    if r is None:
+        return None
+    base = {"cid": r.cid, "point": r.point, "status": r.status, "error": r.error, "tolerance": r.tolerance,
+            "margin": r.error / r.tolerance if r.error is not None and r.tolerance else None,
+            "dtypes": [r.train["dtypes"][0], r.rollout["dtypes"][0]]}
+    if r.logprob is not None:
+        return {"kind": "per_token_logprob", **base,
+                **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level")}}
+    return {"kind": "logits_statistics", **base, "stat_errors": r.stat_errors}
 
 
 def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, results: list[Result],

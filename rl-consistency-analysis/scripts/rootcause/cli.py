@@ -66,12 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
+        script = sibling.locate(SKILL_ROOT)
         if not args.reuse_outputs:
-            sibling.run(sibling.locate(SKILL_ROOT), _compare_argv(args), progress=not args.quiet)
+            sibling.run(script, _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
         tri = triage.run(ev)
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
         report.write(out, doc)
+        page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
+        report.write_text(out / report.HTML, page)
     except (sibling.SiblingError, evidence.EvidenceError) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MAJOR = "2"   # reads 2.x
+SUPPORTED_MAJORS = ("1", "2")   # 2.0 adds optional fields only (sources steps/files, logprob, per_token)
 
 
 class EvidenceError(Exception):
@@ -37,8 +37,9 @@ def _read(path: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise EvidenceError(f"{path}: unreadable ({exc})") from None
     ver = str(doc.get("schema_version", ""))
-    if ver.split(".")[0] != SUPPORTED_MAJOR:
-        raise EvidenceError(f"{path}: schema_version {ver!r} is not supported (need {SUPPORTED_MAJOR}.x)")
+    if ver.split(".")[0] not in SUPPORTED_MAJORS:
+        raise EvidenceError(f"{path}: schema_version {ver!r} is not supported "
+                            f"(need {' or '.join(m + '.x' for m in SUPPORTED_MAJORS)})")
     return doc
 
 
@@ -52,6 +53,7 @@ class Evidence:
     pos: dict[str, int] = field(default_factory=dict)          # pair id -> position in train order
     results: dict[str, dict] = field(default_factory=dict)     # cid -> output_3 result
     one_sided: list[dict] = field(default_factory=list)        # output_2 one-sided (with reasons)
+    sources: dict = field(default_factory=dict)                # output_1 sources: what each side read
 
     @property
     def mode(self) -> str:
@@ -77,7 +79,8 @@ def _check(path: Path, records, keys: set, what: str) -> None:
 
 
 def load(out_dir: Path) -> Evidence:
-    """Load output_2, output_3 and output_4 from ``out_dir``; malformed records are an EvidenceError."""
+    """Load output_1 (sources only), output_2, output_3 and output_4 from ``out_dir``; malformed
+    records are an EvidenceError."""
     paths = [out_dir / n for n in ("output_2_mapping.json", "output_3_value_compare.json",
                                    "output_4_module_analysis.json")]
     ev = Evidence(*(_read(p) for p in paths))
@@ -87,6 +90,7 @@ def load(out_dir: Path) -> Evidence:
     for i, m in enumerate(ev.analysis["modules"]):
         if not isinstance(m["points"], dict) or not {"in", "param", "out"} <= set(m["points"]):
             raise EvidenceError(f"{paths[2]}: modules[{i}].points needs in, param and out lists")
+    ev.sources = _read(out_dir / "output_1_key_mapping.json").get("sources") or {}
     ev.modules = ev.analysis.get("modules", [])
     ev.pos = {m["pid"]: i for i, m in enumerate(ev.modules)}
     ev.results = {r["cid"]: r for r in ev.compare.get("results", [])}

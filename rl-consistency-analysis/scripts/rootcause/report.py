@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from . import explain, triage
 from .evidence import Evidence
 from .triage import Triage
 
@@ -20,6 +21,7 @@ os.umask(_UMASK)
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
+HTML = "report.html"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
          "next_checks")
@@ -35,24 +37,47 @@ def _clean(obj):
     return obj
 
 
+def _finding(ev: Evidence, f: dict, reach: bool | None) -> dict:
+    """A cause or candidate as output_5 shows it: the triage's fields plus its numbers and what
+    they already refute."""
+    out = {k: f[k] for k in _KEEP if k in f}
+    pid = (f.get("evidence") or {}).get("suspect_pair") or {}
+    pid = pid.get("pair") if isinstance(pid, dict) else None
+    out["numbers"] = explain.numbers(ev, pid or f["evidence"]["pair"])
+    out["refuted"] = explain.refuted(f, out["numbers"], reach)
+    return out
+
+
+def _suppressed(records: list[dict]) -> dict:
+    """Structural pairs set aside, split by whether their values agree, with counts saying so."""
+    split = {f"structural_{v}": [r for r in records if r["values"] == v]
+             for v in ("clean", "different", "not_compared")}
+    return {**split, "counts": {k: len(v) for k, v in split.items()}}
+
+
 def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
     """The output_5 document."""
-    causes = [{k: f[k] for k in _KEEP if k in f} for f in tri.root_causes]
-    return {
+    reach = triage.reaches_output(ev)
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "verdict": tri.verdict,
-        "root_causes": causes,
-        "suppressed": tri.suppressed,
+        "root_causes": [_finding(ev, f, reach) for f in tri.root_causes],
+        "suppressed": _suppressed(tri.suppressed),
         "first_divergence": ev.analysis.get("first_divergence"),
-        "other_candidates": [{k: f[k] for k in _KEEP if k in f} for f in tri.other_candidates],
+        "other_candidates": [_finding(ev, f, reach) for f in tri.other_candidates],
         "precision": tri.precision,
         "notes": tri.notes,
         "partial": bool(ev.analysis.get("partial")),
         "comparability": ev.analysis.get("comparability"),
         "mode": ev.mode,
         "inputs": inputs,
+        "sides": explain.sides(ev),
+        "logits": ev.compare.get("logprob"),
+        "reaches_output": reach,
         "summary": ev.mapping.get("summary"),
     }
+    doc["glossary"] = explain.glossary(doc)
+    return doc
 
 
 def write(out_dir: Path, doc: dict) -> Path:
@@ -61,21 +86,26 @@ def write(out_dir: Path, doc: dict) -> Path:
     The compare step already removes both output_5 files when it rewrites output_1..4; this covers
     ``--reuse-outputs``, where it does not run.
     """
-    path = out_dir / REPORT
-    fd, tmp = tempfile.mkstemp(prefix=f".{REPORT}.", suffix=".tmp", dir=out_dir)
+    text = json.dumps(_clean(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    path = write_text(out_dir / REPORT, text)
+    stale = out_dir / AGENT_REPORT
+    if stale.is_symlink() or stale.is_file():
+        stale.unlink()
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp makes 0600; the report is an ordinary file
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
-            json.dump(_clean(doc), fh, indent=1, ensure_ascii=False, allow_nan=False)
-            fh.write("\n")
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    stale = out_dir / AGENT_REPORT
-    if stale.is_symlink() or stale.is_file():
-        stale.unlink()
     return path
 
 
@@ -116,7 +146,19 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
             lines.append(f"{len(doc['root_causes']) - 1} more root-cause candidate(s) in the report")
     for n in doc["notes"]:
         lines.append(f"note: {n}")
-    lines.append(f"suppressed as structural: {len(doc['suppressed'])}")
+    n = doc["suppressed"]["counts"]
+    lines.append(f"structural pairs set aside: {n['structural_different']} differing (put down to layout or "
+                 f"carried from upstream, reasons in suppressed), {n['structural_clean']} agreeing, "
+                 f"{n['structural_not_compared']} not comparable as stored")
+    lv = doc.get("logits") or {}
+    if lv.get("kind") == "per_token_logprob":
+        first = lv.get("first_position_past_clean_level")
+        lines.append(f"log-probs of the tokens: mean |diff| {lv['mean_abs_diff']:.3g}, max {lv['max_abs_diff']:.3g}; "
+                     + (f"first position past the clean level: {first}" if first is not None
+                        else "every position within the clean level"))
+    elif lv.get("kind") == "logits_statistics" and isinstance(lv.get("error"), (int, float)):
+        lines.append(f"logits statistics: {lv['status']}, error {lv['error']:.3g} vs tolerance {lv['tolerance']:.3g}")
     lines.append(f"evidence: {out_dir / REPORT}; write the final output_5_root_cause_report.md from "
                  f"references/report_template.md")
+    lines.append(f"report: {out_dir / HTML}")
     return "\n".join(visible(line) for line in lines)

@@ -19,6 +19,7 @@ PROGRESS_PREFIX = "[run_compare "
 SIBLING = "dump-module-mapping-value-compare"
 ENTRY = Path("scripts") / "run_compare.py"
 SAFETEXT = Path("scripts") / "dumpcompare" / "safetext.py"
+HTML_MODULE = Path("scripts") / "dumpcompare" / "htmlreport.py"
 
 
 class SiblingError(Exception):
@@ -38,16 +39,27 @@ def locate(skill_root: Path) -> Path:
     return _sibling_file(skill_root, ENTRY)
 
 
-def load_safetext(skill_root: Path) -> ModuleType:
-    """The sibling's safetext module (escaping of dump names per view), loaded by file path."""
-    path = _sibling_file(skill_root, SAFETEXT)
-    spec = importlib.util.spec_from_file_location("rootcause_sibling_safetext", path)
+def _load(skill_root: Path, entry: Path, what: str) -> ModuleType:
+    """One of the sibling's standalone modules, loaded by file path (this skill imports nothing of
+    the sibling's package)."""
+    path = _sibling_file(skill_root, entry)
+    spec = importlib.util.spec_from_file_location(f"rootcause_sibling_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except (OSError, SyntaxError, ImportError) as exc:
-        raise SiblingError(f"{path}: cannot load the sibling's safe-text module ({exc})") from None
+        raise SiblingError(f"{path}: cannot load the sibling's {what} module ({exc})") from None
     return module
+
+
+def load_safetext(skill_root: Path) -> ModuleType:
+    """The sibling's safetext module (escaping of dump names per view)."""
+    return _load(skill_root, SAFETEXT, "safe-text")
+
+
+def load_html(skill_root: Path) -> ModuleType:
+    """The sibling's report.html module: it owns the charts; this skill adds its verdict to the page."""
+    return _load(skill_root, HTML_MODULE, "report")
 
 
 def run(script: Path, argv: list[str], progress: bool = False) -> None:

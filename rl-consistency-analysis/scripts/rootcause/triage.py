@@ -341,16 +341,33 @@ def structural_records(ev: Evidence) -> list[dict]:
     out = []
     for r in ev.compare.get("results", []):
         if r["status"] == "structural":
+            # Stored in different layouts (shards, padding): the values were not compared as they are.
             out.append({"train_module": _path_names(r["train"]["modules"]),
                         "rollout_module": _path_names(r["rollout"]["modules"]),
-                        "reason": f"{r['point']}: {r.get('reason')}"})
+                        "values": "not_compared", "reason": f"{r['point']}: {r.get('reason')}"})
     for m in ev.modules:
         if m["kind"] in FUSED_KINDS and m["status"] not in ("origin", "parameter_mismatch"):
             reason = m["note"] or "fused module compared through the combined statistics of its parts"
             out.append({"train_module": _path_names(m["train_modules"]),
                         "rollout_module": _path_names(m["rollout_modules"]),
-                        "reason": f"{m['kind']}: {reason}"})
+                        "values": _values(m["output_status"]),
+                        "status": m["status"], "reason": f"{m['kind']}: {reason}"})
     return out
+
+
+def _values(output_status: str) -> str:
+    """clean / different / not_compared: what the outputs of a structural pair showed."""
+    return "clean" if output_status in CLEAN else "different" if output_status in DIVERGED else "not_compared"
+
+
+def _module_key(f: dict) -> tuple:
+    return str(f.get("train_module")), str(f.get("rollout_module"))
+
+
+def _drop_reported(tri: Triage) -> None:
+    """A module reported as a cause or candidate is not also set aside as structural."""
+    reported = {_module_key(f) for f in tri.root_causes + tri.other_candidates}
+    tri.suppressed = [s for s in tri.suppressed if _module_key(s) not in reported]
 
 
 def precision_profile(ev: Evidence) -> dict:
@@ -387,7 +404,8 @@ def run(ev: Evidence) -> Triage:
         reason = screen(ev, m)
         if reason:
             tri.suppressed.append({"train_module": _path_names(m["train_modules"]),
-                                   "rollout_module": _path_names(m["rollout_modules"]), "reason": reason})
+                                   "rollout_module": _path_names(m["rollout_modules"]),
+                                   "values": "different", "reason": reason})
             continue
         f = classify(ev, m)
         if found and m["input_status"] in DIVERGED and f["category"] != "parameter_or_checkpoint_issue":
@@ -419,6 +437,7 @@ def run(ev: Evidence) -> Triage:
                          "see output_4 for the first divergence")
     if tri.verdict == "no_credible_divergence" and ev.analysis.get("partial"):
         tri.verdict = "inconclusive"
+    _drop_reported(tri)
     return tri
 
 

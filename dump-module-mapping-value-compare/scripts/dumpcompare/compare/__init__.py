@@ -17,6 +17,7 @@ from . import params as P
 from . import tensors as T
 from .layout import interleave_parts, match_grouped_qkv, size_relation, trim_padding
 from . import sources
+from .logprob import LOGITS_POINT, TOKENS_POINT, LogProbs, token_ids
 from .sources import Blocks, Leafsrc, block_ranges
 from .stats import ATTRS, Stats, combine, nonfinite_one_side, nonfinite_one_side_calls, stat_error_calls, stat_errors
 
@@ -26,6 +27,9 @@ _TOL_FILE = Path(__file__).with_name("tolerances.yaml")
 # Sorting both tensors to test for a permutation needs them whole: only up to this size.
 MULTISET_MAX_ELEMENTS = 1 << 22
 SEVERITY = {"match": 0, "drift": 1, "mismatch": 2, "nonfinite": 3}
+# Points whose per-token error output_3 keeps in tensor mode: the residual stream after each layer
+# and the model's last outputs (rows of the token x layer map of report.html).
+PER_TOKEN_POINTS = ("resid_out", "final_norm_out", "logits")
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Result:
     pair: str | None = None            # set when the comparison reads one pair's own leaves
     calls: dict[str, Any] | None = None  # folded modules: how the calls compared (output_3 ``calls``)
     param_equality: dict[str, Any] | None = None  # parameters only: compare/params.py
+    logprob: dict[str, Any] | None = None  # the logits point in tensor mode: per-token log-prob view
 
 
 def load_tolerances(user_file: str | None = None) -> dict:
@@ -138,6 +143,7 @@ class Executor:
         self.t, self.r, self.tol = train, rollout, tolerances
         self.use_tensors = use_tensors
         self.jobs = jobs
+        self.ids: tuple[np.ndarray, int | None] | None = None   # shared token ids, prompt length
 
     def run(self, plans: list[PointPlan]) -> list[Result]:
         """Execute every plan; results in plan order.
@@ -146,6 +152,8 @@ class Executor:
         processes (threads gained nothing: much of a block's work holds the GIL). Each process
         reads its own blocks, so memory grows by one block budget per job.
         """
+        if self.use_tensors:
+            self.ids = self._token_ids(plans)
         if self.jobs <= 1 or len(plans) < 2 or "fork" not in multiprocessing.get_all_start_methods():
             return [self.run_one(p) for p in plans]
         global _FORKED
@@ -310,13 +318,42 @@ class Executor:
             out.append(arrs)
         return out
 
+    def _token_ids(self, plans: list[PointPlan]) -> tuple[np.ndarray, int | None] | None:
+        """The token ids both sides saw (from the tokens point's tensors) and the prompt length.
+
+        The prompt length is known when one side's calls were stitched (prefill, then decode
+        steps): its first call holds the prompt.
+        """
+        plan = next((p for p in plans if p.point == TOKENS_POINT and p.pair is None), None)
+        if plan is None:
+            return None
+        tl = [_leaf(self.t, c) for c in plan.train]
+        rl = [_leaf(self.r, c) for c in plan.rollout]
+        if None in tl + rl:
+            return None
+        tensors = self._tensors(plan, tl, rl, Result("", "", "", "", "", "", None, None, None, {}, {}))
+        if tensors is None:
+            return None
+        flat = [np.concatenate([T.as_tokens(x.whole(), view.family).reshape(-1) for x in side])
+                for side, view in zip(tensors, (self.t, self.r))]
+        ids = token_ids(*flat)
+        if ids is None:
+            return None
+        stitched = tl if plan.stitched == "train" else rl if plan.stitched == "rollout" else None
+        prompt = stitched[0].numel if stitched and len(stitched) > 1 else None
+        return ids, prompt
+
     def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl, trim: str | None = None) -> None:
         res.mode = "tensor"
         tol, strict = pair_tolerances(self.tol["tensor"]["rel_l2"], dt, dr)
         el = self.tol["tensor"]["elementwise"]
         elt = max((_tol(el, dt), _tol(el, dr)), key=lambda d: d["rtol"])
         res.tolerance, res.strict_tolerance = tol, strict
-        acc, moments = T.Metrics(elt["rtol"], elt["atol"]), (T.Moments(), T.Moments())
+        own = plan.pair is None and plan.axis == "features"
+        acc = T.Metrics(elt["rtol"], elt["atol"], per_token=own and plan.point.endswith(PER_TOKEN_POINTS))
+        lps = (LogProbs(self.ids[0], elt["rtol"], elt["atol"], self.ids[1])
+               if own and plan.point == LOGITS_POINT and self.ids is not None else None)
+        moments = (T.Moments(), T.Moments())
         nonfinite, notes, streamed = False, [], False
         for tarrs, rarrs, row0, blocked in self._blocks(plan, *tensors):
             streamed = streamed or blocked
@@ -345,7 +382,10 @@ class Executor:
             moments[1].add(r)
             if np.isfinite(moments[0].sum + moments[1].sum):
                 acc.add(t, r, row0)       # all finite: nothing to mask
+                if lps is not None:
+                    lps.add(t, r, row0)
             else:
+                lps = None
                 fin_t, fin_r = np.isfinite(t), np.isfinite(r)
                 nonfinite = nonfinite or bool((fin_t != fin_r).any())
                 acc.add(np.where(fin_t, t, 0.0), np.where(fin_r, r, 0.0), row0)
@@ -360,6 +400,7 @@ class Executor:
             return
         m = acc.result()
         res.tensor_metrics = m
+        res.logprob = lps.result() if lps is not None else None
         res.error = m["rel_l2"]
         res.status = _grade(m["rel_l2"], tol, strict)
         if res.status == "mismatch":

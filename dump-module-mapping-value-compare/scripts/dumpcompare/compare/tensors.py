@@ -54,9 +54,11 @@ class Metrics:
     element past the element tolerance. Blocks must be float64, with NaN/Inf already zeroed.
     """
 
-    def __init__(self, rtol: float, atol: float):
+    def __init__(self, rtol: float, atol: float, per_token: bool = False):
         self.rtol, self.atol = rtol, atol
         self.nt = self.nr = self.nd = self.dot = 0.0
+        # Per-row relative L2 error, kept only when asked (layer outputs: the token x layer map).
+        self.rows: list[np.ndarray] | None = [] if per_token else None
         self.max_abs = self.max_rel = np.nan
         self.bad = self.size = 0
         self.first_token: int | None = None
@@ -81,6 +83,11 @@ class Metrics:
             self.first_token = first if self.first_token is None else min(self.first_token, first)
         self.bad += int(np.count_nonzero(bad))
         self.size += int(d.size)
+        if self.rows is not None and d.ndim == 2:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                nrow = np.sqrt(np.einsum("ij,ij->i", d, d))
+                trow = np.sqrt(np.einsum("ij,ij->i", t, t))
+                self.rows.append(np.where(trow > 0, nrow / trow, np.where(nrow > 0, np.inf, 0.0)))
         if d.size:
             at += self.atol
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -97,7 +104,25 @@ class Metrics:
             "max_rel": self.max_rel if self.size else 0.0,
             "frac_within_tol": 1.0 - self.bad / self.size if self.size else 1.0,
             "first_token_past_tol": self.first_token,
+            **({"per_token": compact(np.concatenate(self.rows))} if self.rows else {}),
         }
+
+
+PER_TOKEN_MAX = 256     # longest per-token vector written to output_3; longer ones keep bucket maxima
+
+
+def compact(values: np.ndarray, limit: int = PER_TOKEN_MAX) -> dict:
+    """A per-token vector small enough for output_3: at most ``limit`` values, 3 significant digits.
+
+    Longer sequences are cut into ``bucket`` consecutive tokens and keep each bucket's maximum, so
+    a bad token is never averaged away.
+    """
+    n = int(values.size)
+    bucket = max(1, -(-n // limit))
+    if bucket > 1:
+        pad = np.full(bucket * -(-n // bucket) - n, -np.inf)
+        values = np.max(np.concatenate([values, pad]).reshape(-1, bucket), axis=1)
+    return {"tokens": n, "bucket": bucket, "values": [float(f"{v:.3g}") for v in values.tolist()]}
 
 
 def metrics(t: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> dict:

@@ -1,0 +1,93 @@
+"""Per-token log-probabilities of the dumped tokens, from both sides' logits (tensor mode).
+
+Row ``i`` of the logits predicts token ``i + 1`` of the ids, so position ``p`` (``p >= 1``) gets
+``logits[p-1, ids[p]] - logsumexp(logits[p-1])`` on each side. The clean level of a position is the
+largest log-prob change that logits all within their element tolerance (``atol + rtol * |z|``)
+could cause: ``tol(z_y) + sum_i softmax(z)_i * tol(z_i)``, since d logp_y = dz_y - sum_i p_i dz_i.
+A position past that level cannot be explained by the dtype alone (references/tolerances.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .tensors import compact
+
+LOGITS_POINT = "M.logits"
+TOKENS_POINT = "M.tokens"
+
+
+def _logsumexp(z: np.ndarray) -> np.ndarray:
+    top = z.max(axis=1)
+    return top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+
+
+class LogProbs:
+    """Accumulates log-prob differences block by block over [tokens, vocab] logits rows."""
+
+    def __init__(self, ids: np.ndarray, rtol: float, atol: float, prompt_tokens: int | None):
+        self.ids, self.rtol, self.atol = ids, rtol, atol
+        self.prompt_tokens = prompt_tokens
+        self.pos: list[np.ndarray] = []
+        self.lp: list[tuple[np.ndarray, np.ndarray]] = []
+        self.bound: list[np.ndarray] = []
+        self.usable = True
+
+    def add(self, t: np.ndarray, r: np.ndarray, row0: int) -> None:
+        """Fold in logits rows ``row0 ..`` of both sides (float64, same shape, all finite)."""
+        if t.ndim != 2 or t.shape != r.shape or not np.isfinite(t).all() or not np.isfinite(r).all():
+            self.usable = False
+            return
+        pos = np.arange(row0 + 1, row0 + 1 + t.shape[0])
+        keep = pos < self.ids.size
+        if not keep.any():
+            return
+        pos, t, r = pos[keep], t[keep], r[keep]
+        labels = self.ids[pos]
+        if labels.min() < 0 or labels.max() >= t.shape[1]:
+            self.usable = False
+            return
+        rows = np.arange(t.shape[0])
+        lse_t, lse_r = _logsumexp(t), _logsumexp(r)
+        tol = self.atol + self.rtol * np.abs(t)
+        p = np.exp(t - lse_t[:, None])
+        self.pos.append(pos)
+        self.lp.append((t[rows, labels] - lse_t, r[rows, labels] - lse_r))
+        self.bound.append(tol[rows, labels] + np.einsum("ij,ij->i", p, tol))
+
+    def result(self) -> dict | None:
+        """The per-position view written to output_3, or None when it could not be computed."""
+        if not self.usable or not self.pos:
+            return None
+        pos = np.concatenate(self.pos)
+        lp_t = np.concatenate([a for a, _ in self.lp])
+        lp_r = np.concatenate([b for _, b in self.lp])
+        diff = lp_r - lp_t
+        ad, bound = np.abs(diff), np.concatenate(self.bound)
+        bad = np.flatnonzero(ad > bound)
+        half = ad.size // 2
+        out = {
+            "positions": int(pos.size), "first_position": int(pos[0]),
+            "mean_abs_diff": float(ad.mean()), "max_abs_diff": float(ad.max()),
+            "max_at_position": int(pos[int(np.argmax(ad))]),
+            "sequence_logprob_diff": float(diff.sum()),
+            "clean_level_median": float(np.median(bound)), "clean_level_max": float(bound.max()),
+            "positions_past_clean_level": int(bad.size),
+            "first_position_past_clean_level": int(pos[bad[0]]) if bad.size else None,
+            "first_half_mean_abs_diff": float(ad[:half].mean()) if half else None,
+            "second_half_mean_abs_diff": float(ad[half:].mean()) if half else None,
+            "prompt_tokens": self.prompt_tokens,
+            "abs_diff": compact(ad), "clean_level": compact(bound),
+        }
+        if self.prompt_tokens:
+            prompt = pos < self.prompt_tokens
+            for name, sel in (("prompt", prompt), ("response", ~prompt)):
+                out[f"{name}_mean_abs_diff"] = float(ad[sel].mean()) if sel.any() else None
+        return out
+
+
+def token_ids(train: np.ndarray, rollout: np.ndarray) -> np.ndarray | None:
+    """The shared token ids as int64, or None when the two sides saw different tokens."""
+    t, r = np.asarray(train).reshape(-1), np.asarray(rollout).reshape(-1)
+    if t.shape != r.shape or not np.array_equal(t, r) or not np.all(np.isfinite(t)):
+        return None
+    return t.astype(np.int64)

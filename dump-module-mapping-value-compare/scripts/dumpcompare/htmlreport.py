@@ -1,0 +1,461 @@
+"""report.html: one self-contained page (inline SVG, no script, no network) drawn from the outputs.
+
+Standard library only and no imports from this package: the root-cause skill loads this file by
+path from its sibling folder (rootcause/sibling.py) and adds its verdict, so both skills draw
+the same charts from one copy of the code. Input is the JSON form of the outputs (non-finite
+numbers may be the strings "NaN"/"Infinity"). Every string read from a dump goes through
+:func:`text` and only into element content, never into an attribute.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+REPORT = "report.html"
+STATUS_CLASS = {"match": "match", "drift": "drift", "mismatch": "mismatch", "nonfinite": "nonfinite",
+                "structural": "structural", "incomparable": "incomparable"}
+COLOURS = {"match": "#2e7d32", "drift": "#e6a100", "mismatch": "#c62828", "nonfinite": "#6a1b9a",
+           "structural": "#757575", "incomparable": "#9e9e9e", "other": "#9e9e9e"}
+GROUPS = (("attention", ("q", "k", "v", "q_rot", "k_rot", "q_normed", "k_normed", "attn_core_out", "attn_out")),
+          ("mlp", ("gate", "up", "act_gate", "act_out", "mlp_out")),
+          ("norms", ("attn_norm_out", "mlp_norm_out")))
+GROUP_COLOURS = {"attention": "#1565c0", "mlp": "#ef6c00", "norms": "#6d4c41"}
+FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
+FLOOR = -12          # log10 of the smallest error drawn; exact zeros sit on this line
+
+
+def text(value) -> str:
+    """Escape one dump-derived value for HTML element content (the one place that does it)."""
+    return html.escape(str(value))
+
+
+def num(v) -> float | None:
+    """A number from the JSON form (strings 'NaN'/'Infinity' included), else None."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(v)
+
+
+def fmt(v) -> str:
+    x = num(v)
+    if x is None:
+        return "-"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.3g}"
+
+
+def _log(x: float | None) -> float:
+    if x is None or math.isnan(x):
+        return FLOOR
+    if math.isinf(x):
+        return 3.0
+    return max(FLOOR, math.log10(x)) if x > 0 else FLOOR
+
+
+class Axis:
+    """A log10 y axis mapped onto pixel rows [top, bottom]."""
+
+    def __init__(self, lo: float, hi: float, top: float, bottom: float):
+        self.lo, self.hi = math.floor(lo), math.ceil(hi) if hi > lo else math.floor(lo) + 1
+        self.top, self.bottom = top, bottom
+
+    def y(self, value: float | None) -> float:
+        v = min(max(_log(value), self.lo), self.hi)
+        return round(self.bottom - (v - self.lo) / (self.hi - self.lo) * (self.bottom - self.top), 1)
+
+    def draw(self, left: float, right: float, label: str) -> list[str]:
+        out = [f'<g class="y-axis"><text x="{left - 44}" y="{self.top - 8}" font-size="11">{text(label)}</text>']
+        step = max(1, (self.hi - self.lo) // 8)
+        for e in range(int(self.lo), int(self.hi) + 1, step):
+            y = self.bottom - (e - self.lo) / (self.hi - self.lo) * (self.bottom - self.top)
+            # Smaller values, exact zeros included, are drawn on the bottom line.
+            tick = f"≤1e{e}" if e == self.lo else f"1e{e}"
+            out.append(f'<line x1="{left}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                       f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{tick}</text>')
+        return out + ["</g>"]
+
+
+def _span(values: list[float | None], extra: list[float | None] = ()) -> tuple[float, float]:
+    logs = [_log(v) for v in list(values) + list(extra) if v is not None and num(v) is not None]
+    finite = [x for x in logs if x > FLOOR] or [-6.0]
+    return min(finite) - 1, max(finite) + 0.5
+
+
+def _svg(width: float, height: float, cls: str, body: list[str]) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" width="{width:.0f}" height="{height:.0f}" '
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif">' + "".join(body) + "</svg>")
+
+
+# -- the log-prob view ----------------------------------------------------------------------------
+
+def logprob_section(lp: dict | None, result: dict | None) -> str:
+    """The first section: per-token log-prob differences, or the logits' statistics difference."""
+    head = "<h2>1. Log-probabilities of the tokens</h2>"
+    if not lp:
+        return head + "<p>No logits were compared (no logits module on one side, or not dumped).</p>"
+    if lp.get("kind") == "per_token_logprob" and result and result.get("logprob"):
+        return head + _logprob_tensor(lp, result["logprob"])
+    return head + _logits_stats(lp)
+
+
+def _logprob_tensor(lp: dict, full: dict) -> str:
+    diff, clean = full["abs_diff"], full["clean_level"]
+    vals, levels, bucket = diff["values"], clean["values"], diff["bucket"]
+    first = full["first_position"]
+    left, top, w, h = 70, 30, max(600, 8 * len(vals)), 260
+    ax = Axis(*_span(vals, levels), top, top + h)
+    xs = [left + (i + 0.5) * w / len(vals) for i in range(len(vals))]
+    body = ax.draw(left, left + w, "|logprob rollout - train|")
+    body.append('<polyline class="clean-level" fill="none" stroke="#2e7d32" stroke-dasharray="5,3" points="'
+                + " ".join(f"{x:.1f},{ax.y(num(v))}" for x, v in zip(xs, levels)) + '"/>')
+    body.append('<polyline class="diff" fill="none" stroke="#1565c0" points="'
+                + " ".join(f"{x:.1f},{ax.y(num(v))}" for x, v in zip(xs, vals)) + '"/>')
+    for i, (x, v, c) in enumerate(zip(xs, vals, levels)):
+        past = (num(v) or 0) > (num(c) or 0)
+        pos = first + i * bucket
+        body.append(f'<circle class="{"past" if past else "within"}" cx="{x:.1f}" cy="{ax.y(num(v))}" r="3" '
+                    f'fill="{"#c62828" if past else "#1565c0"}"><title>position {pos}'
+                    f'{"-" + str(pos + bucket - 1) if bucket > 1 else ""}: |diff| {fmt(v)}, clean level {fmt(c)}'
+                    f'</title></circle>')
+    marks = []
+    if lp.get("prompt_tokens"):
+        marks.append((lp["prompt_tokens"], "response starts", "#555"))
+    if lp.get("first_position_past_clean_level") is not None:
+        marks.append((lp["first_position_past_clean_level"], "first position past clean level", "#c62828"))
+    for k, (pos, label, colour) in enumerate(marks):
+        x = left + ((pos - first) / bucket + 0.5) * w / len(vals)
+        body.append(f'<g class="mark position"><line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + h}" '
+                    f'stroke="{colour}" stroke-dasharray="2,2"/><text x="{x + 3:.1f}" y="{top + 12 + 14 * k}" '
+                    f'font-size="11" fill="{colour}">{text(label)} ({pos})</text></g>')
+    for i in range(0, len(vals), max(1, len(vals) // 10)):
+        body.append(f'<text x="{xs[i]:.1f}" y="{top + h + 16}" font-size="10" text-anchor="middle">'
+                    f'{first + i * bucket}</text>')
+    body.append(f'<text x="{left + w / 2}" y="{top + h + 34}" font-size="11" text-anchor="middle">token position'
+                f'{f" (max over {bucket} tokens per point)" if bucket > 1 else ""}</text>')
+    svg = _svg(left + w + 20, top + h + 44, "chart logprob", body)
+    rows = [("positions compared", lp.get("positions")), ("mean |diff|", fmt(lp.get("mean_abs_diff"))),
+            ("max |diff|", f"{fmt(lp.get('max_abs_diff'))} at position {lp.get('max_at_position')}"),
+            ("clean level (median / max)", f"{fmt(lp.get('clean_level_median'))} / {fmt(lp.get('clean_level_max'))}"),
+            ("positions past the clean level", lp.get("positions_past_clean_level")),
+            ("first position past the clean level", lp.get("first_position_past_clean_level")),
+            ("first half / second half mean |diff|",
+             f"{fmt(lp.get('first_half_mean_abs_diff'))} / {fmt(lp.get('second_half_mean_abs_diff'))}"),
+            ("sum of log-prob differences (sequence)", fmt(lp.get("sequence_logprob_diff")))]
+    if lp.get("prompt_tokens"):
+        rows.append(("prompt / response mean |diff|",
+                     f"{fmt(lp.get('prompt_mean_abs_diff'))} / {fmt(lp.get('response_mean_abs_diff'))}"))
+    else:
+        rows.append(("prompt / response", "not known (the dump does not separate prefill and decode calls)"))
+    return ('<p>Log-probability each side gives to the dumped next token, from its logits. The dashed line is '
+            'the clean level: the largest change logits within their dtype\'s element tolerance could cause.</p>'
+            + _figure(svg) + _table(("", "value"), rows))
+
+
+def _logits_stats(lp: dict) -> str:
+    se = lp.get("stat_errors") or {}
+    names = [k for k in ("max_rel", "min_rel", "mean_rel", "norm_rel") if num(se.get(k)) is not None]
+    tol = num(lp.get("tolerance"))
+    left, top, h, bw = 70, 30, 200, 70
+    values = [abs(num(se[k])) for k in names]
+    ax = Axis(*_span(values, [tol]), top, top + h)
+    body = ax.draw(left, left + bw * max(1, len(names)), "relative difference")
+    for i, (k, v) in enumerate(zip(names, values)):
+        bad = tol is not None and v > tol
+        y = ax.y(v)
+        body.append(f'<rect class="bar {"past" if bad else "within"}" x="{left + i * bw + 12}" y="{y}" '
+                    f'width="{bw - 24}" height="{max(0.5, top + h - y):.1f}" fill="{"#c62828" if bad else "#2e7d32"}">'
+                    f'<title>{text(k)}: {fmt(v)}</title></rect>'
+                    f'<text x="{left + i * bw + bw / 2}" y="{top + h + 16}" font-size="11" '
+                    f'text-anchor="middle">{text(k)}</text>')
+    if tol is not None:
+        y = ax.y(tol)
+        body.append(f'<g class="tolerance"><line x1="{left}" x2="{left + bw * len(names)}" y1="{y}" y2="{y}" '
+                    f'stroke="#2e7d32" stroke-dasharray="5,3"/><text x="{left + bw * len(names) + 4}" y="{y + 4}" '
+                    f'font-size="11">tolerance {fmt(tol)}</text></g>')
+    svg = _svg(left + bw * max(1, len(names)) + 120, top + h + 30, "chart logits-statistics", body)
+    return ("<p>Statistics mode: the dump holds no tensors, so per-token log-probs cannot be computed. "
+            f"The logits ({text(lp.get('point'))}) differ by {fmt(lp.get('error'))} against a tolerance of "
+            f"{fmt(lp.get('tolerance'))} for {text(' / '.join(str(d) for d in lp.get('dtypes') or []))} "
+            f"(status {text(lp.get('status'))}, {fmt(lp.get('margin'))} times the tolerance).</p>" + _figure(svg))
+
+
+# -- the divergence along execution order ---------------------------------------------------------
+
+def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
+    """One item per compared output point in execution order; pid -> index of its first item."""
+    results = {r["cid"]: r for r in compare.get("results", [])}
+    items, seen, where = [], {}, {}
+    for m in analysis.get("modules", []):
+        for p in m["points"]["out"]:
+            r = results.get(p.get("cid"))
+            if r is None:
+                continue
+            if p["point"] in seen:
+                where.setdefault(m["pid"], seen[p["point"]])
+                continue
+            seen[p["point"]] = len(items)
+            where.setdefault(m["pid"], len(items))
+            items.append({"point": p["point"], "module": (m["train_modules"] or m["rollout_modules"] or ["?"])[0],
+                          "rollout": ", ".join(m["rollout_modules"]), "status": r["status"],
+                          "error": num(r.get("error")), "tol": num(r.get("tolerance")),
+                          "strict": num(r.get("strict_tolerance")),
+                          "structural_clean": m["kind"] in FUSED_KINDS and r["status"] in ("match", "drift")})
+    return items, where
+
+
+def _short(name: str, limit: int = 38) -> str:
+    name = name.removeprefix("model.")
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
+def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
+    """Error of every compared output against its tolerance, in execution order, with the marks."""
+    items, where = _items(compare, analysis)
+    head = "<h2>2. Divergence along execution order</h2>"
+    if not items:
+        return head + "<p>No module output was compared.</p>"
+    left, top, h, step = 70, 60, 280, 16
+    w = step * len(items)
+    ax = Axis(*_span([i["error"] for i in items], [i["tol"] for i in items]), top, top + h)
+    body = ax.draw(left, left + w, "error (log scale)")
+    x = [left + (k + 0.5) * step for k in range(len(items))]
+    # Tolerance band: strict..pair tolerance is the drift zone, above the pair tolerance is beyond.
+    for k, it in enumerate(items):
+        if it["tol"] is None:
+            continue
+        yt, ys = ax.y(it["tol"]), ax.y(it["strict"] or it["tol"])
+        body.append(f'<rect class="band drift-zone" x="{x[k] - step / 2:.1f}" y="{yt}" width="{step}" '
+                    f'height="{max(0.0, ys - yt):.1f}" fill="#fff3cd"/>')
+    body.append('<polyline class="tolerance" fill="none" stroke="#2e7d32" stroke-dasharray="5,3" points="'
+                + " ".join(f"{x[k]:.1f},{ax.y(it['tol'])}" for k, it in enumerate(items) if it["tol"] is not None)
+                + '"/>')
+    for k, it in enumerate(items):
+        cls = STATUS_CLASS.get(it["status"], "other")
+        colour = COLOURS[cls]
+        tip = (f"<title>{text(it['point'])}: {text(it['module'])} (train) / {text(it['rollout'])} (rollout); "
+               f"{text(it['status'])}, error {fmt(it['error'])}, tolerance {fmt(it['tol'])}"
+               f"{'; structural pair, values agree' if it['structural_clean'] else ''}</title>")
+        y = ax.y(it["error"]) if it["error"] is not None else top + h
+        if it["structural_clean"]:
+            body.append(f'<circle class="pt {cls} structural-clean" cx="{x[k]:.1f}" cy="{y}" r="4.5" fill="white" '
+                        f'stroke="{colour}" stroke-width="2">{tip}</circle>')
+        elif it["error"] is None:
+            body.append(f'<rect class="pt {cls}" x="{x[k] - 4:.1f}" y="{y - 8}" width="8" height="8" '
+                        f'fill="{colour}">{tip}</rect>')
+        else:
+            body.append(f'<circle class="pt {cls}" cx="{x[k]:.1f}" cy="{y}" r="4" fill="{colour}">{tip}</circle>')
+        body.append(f'<text class="module-label" font-size="9" text-anchor="end" '
+                    f'transform="translate({x[k] + 3:.1f},{top + h + 8}) rotate(-60)">{text(_short(it["module"]))}'
+                    f' · {text(it["point"])}</text>')
+    fd = analysis.get("first_divergence") or {}
+    marks = []
+    if fd.get("pair") in where:
+        marks.append((where[fd["pair"]], "first divergence", "first-divergence", "#6a1b9a"))
+    for c in (root or {}).get("root_causes", []):
+        ev = c.get("evidence") or {}
+        pid = (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
+        if pid in where:
+            marks.append((where[pid], f"root cause {c.get('rank')}", "root-cause", "#c62828"))
+    for n, (k, label, cls, colour) in enumerate(marks):
+        y = top - 8 - 14 * (n % 3)
+        body.append(f'<g class="mark {cls}"><line x1="{x[k]:.1f}" x2="{x[k]:.1f}" y1="{y + 2}" y2="{top + h}" '
+                    f'stroke="{colour}" stroke-dasharray="3,2"/><circle cx="{x[k]:.1f}" cy="{ax.y(items[k]["error"])}"'
+                    f' r="8" fill="none" stroke="{colour}" stroke-width="2"/><text x="{x[k] + 4:.1f}" y="{y}" '
+                    f'font-size="11" fill="{colour}">{text(label)}: {text(items[k]["point"])}</text></g>')
+    label_room = 16 + 4.5 * max(len(_short(i["module"])) + len(i["point"]) + 3 for i in items)
+    svg = _svg(left + w + 160, top + h + label_room, "chart execution", body)
+    legend = ('<p class="legend">'
+              + " ".join(f'<span style="color:{COLOURS[s]}">&#9679; {s}</span>' for s in
+                         ("match", "drift", "mismatch", "nonfinite", "structural"))
+              + ' <span>&#9675; structural pair (fused/by-design), values agree</span> '
+                '<span style="background:#fff3cd">drift zone</span> '
+                '<span style="color:#2e7d32">- - tolerance</span></p>')
+    return (head + "<p>Every compared module output in execution order (train side names; hover a point for "
+            "both sides). Errors above the dashed line are beyond tolerance.</p>" + legend + _figure(svg)
+            + layer_section(compare))
+
+
+def _group(point: str) -> tuple[int, str] | None:
+    """(layer, attention|mlp|norms) of a layer's activation point; a fused point counts by its first part."""
+    parts = point.split("+")
+    head, _, rest = parts[0].partition(".")
+    if not (head.startswith("L") and head[1:].isdigit()) or any(not p.startswith(head + ".") for p in parts):
+        return None
+    for name, members in GROUPS:
+        if rest in members:
+            return int(head[1:]), name
+    return None
+
+
+def layer_section(compare: dict) -> str:
+    """Per layer, the worst error in attention, MLP and norm outputs."""
+    worst: dict[int, dict[str, tuple[float, float | None]]] = {}
+    for r in compare.get("results", []):
+        g = _group(r["point"]) if r.get("pair") is None else None
+        e = num(r.get("error"))
+        if g is None or e is None:
+            continue
+        layer, name = g
+        cur = worst.setdefault(layer, {}).get(name)
+        if cur is None or _log(e) > _log(cur[0]):
+            worst[layer][name] = (e, num(r.get("tolerance")))
+    if not worst:
+        return ""
+    layers = sorted(worst)
+    left, top, h, gw = 70, 30, 200, 66
+    vals = [v[0] for d in worst.values() for v in d.values()]
+    tols = [v[1] for d in worst.values() for v in d.values()]
+    ax = Axis(*_span(vals, tols), top, top + h)
+    body = ax.draw(left, left + gw * len(layers), "worst error per layer")
+    for i, layer in enumerate(layers):
+        for j, (name, _) in enumerate(GROUPS):
+            if name not in worst[layer]:
+                continue
+            e, tol = worst[layer][name]
+            y = ax.y(e)
+            bx = left + i * gw + 8 + j * 17
+            body.append(f'<rect class="bar {name}" x="{bx}" y="{y}" width="15" height="{max(0.5, top + h - y):.1f}" '
+                        f'fill="{GROUP_COLOURS[name]}"><title>layer {layer} {name}: worst error {fmt(e)}, '
+                        f'tolerance {fmt(tol)}</title></rect>')
+            if tol is not None:
+                yt = ax.y(tol)
+                body.append(f'<line class="tolerance" x1="{bx - 1}" x2="{bx + 16}" y1="{yt}" y2="{yt}" '
+                            f'stroke="#2e7d32" stroke-width="2"/>')
+        body.append(f'<text x="{left + i * gw + gw / 2}" y="{top + h + 16}" font-size="11" '
+                    f'text-anchor="middle">L{layer}</text>')
+    svg = _svg(left + gw * len(layers) + 20, top + h + 30, "chart layers", body)
+    legend = ('<p class="legend">' + " ".join(f'<span style="color:{GROUP_COLOURS[n]}">&#9632; {n}</span>'
+                                              for n, _ in GROUPS) + ' <span style="color:#2e7d32">&#8212; tolerance</span></p>')
+    return "<h3>Worst error per layer: attention, MLP, norms</h3>" + legend + _figure(svg)
+
+
+# -- token x layer heatmap ------------------------------------------------------------------------
+
+def heatmap_section(compare: dict) -> str:
+    """Tensor mode: the per-token relative error of each layer's output, coloured against its tolerance."""
+    rows = [r for r in compare.get("results", []) if r.get("pair") is None
+            and ((r.get("tensor_metrics") or {}).get("per_token") or {}).get("values")]
+    head = "<h2>3. Token x layer error</h2>"
+    if not rows:
+        return head + ("<p>Statistics mode: per-token errors need a tensor dump.</p>"
+                       if compare.get("mode") != "tensor" else "<p>No per-token errors were recorded.</p>")
+    ncol = max(len(r["tensor_metrics"]["per_token"]["values"]) for r in rows)
+    cell, row = max(4, min(22, 900 // max(1, ncol))), 16
+    left, top = 150, 20
+    body = []
+    for i, r in enumerate(rows):
+        pt = r["tensor_metrics"]["per_token"]
+        tol = num(r.get("tolerance")) or 1.0
+        for j, v in enumerate(pt["values"]):
+            ratio = (num(v) or 0.0) / tol
+            body.append(f'<rect class="cell" x="{left + j * cell}" y="{top + i * row}" width="{cell}" '
+                        f'height="{row}" fill="{_heat(ratio)}"><title>{text(r["point"])}, token '
+                        f'{j * pt["bucket"]}: error {fmt(v)} ({fmt(ratio)} x tolerance)</title></rect>')
+        body.append(f'<text x="{left - 6}" y="{top + i * row + row * 0.75:.1f}" font-size="10" '
+                    f'text-anchor="end">{text(r["point"])}</text>')
+    bucket = rows[0]["tensor_metrics"]["per_token"]["bucket"]
+    for j in range(0, ncol, max(1, ncol // 12)):
+        body.append(f'<text x="{left + j * cell + cell / 2}" y="{top + len(rows) * row + 14}" font-size="10" '
+                    f'text-anchor="middle">{j * bucket}</text>')
+    body.append(f'<text x="{left + ncol * cell / 2}" y="{top + len(rows) * row + 30}" font-size="11" '
+                f'text-anchor="middle">token</text>')
+    svg = _svg(left + ncol * cell + 20, top + len(rows) * row + 40, "chart heatmap", body)
+    scale = " ".join(f'<span style="background:{_heat(x)};padding:0 6px">{lab}</span>' for x, lab in
+                     ((0.01, "≤0.01"), (0.5, "0.5"), (1.0, "1 = tolerance"), (10, "10"), (1000, "≥1000")))
+    return (head + "<p>Relative L2 error of each token's row, as a multiple of the tolerance "
+            "(green within, red beyond).</p><p class=\"legend\">" + scale + "</p>" + _figure(svg))
+
+
+def _heat(ratio: float) -> str:
+    """Green shades up to the tolerance, orange to red beyond it (log scale, saturating at 1000x)."""
+    if math.isnan(ratio):
+        return "#6a1b9a"
+    if ratio <= 1:
+        f = max(0.0, min(1.0, (math.log10(max(ratio, 1e-3)) + 3) / 3))
+        return f"rgb({int(232 - 60 * f)},{int(245 - 20 * f)},{int(233 - 80 * f)})"
+    f = max(0.0, min(1.0, math.log10(ratio) / 3))
+    return f"rgb({int(255 - 57 * f)},{int(183 - 143 * f)},{int(77 - 37 * f)})"
+
+
+# -- verdict ----------------------------------------------------------------------------------------
+
+def _names(x) -> str:
+    if x is None:
+        return "-"
+    return ", ".join(x) if isinstance(x, list) else str(x)
+
+
+def verdict_section(analysis: dict, root: dict | None) -> str:
+    """The root-cause verdict with its evidence (root-cause skill), or the ranked modules (compare skill)."""
+    head = "<h2>4. Verdict</h2>"
+    if root is None:
+        top = [m for m in analysis.get("modules", []) if m.get("module_priority_rank") in (1, 2)]
+        rows = [(m["module_priority_rank"], ", ".join(m["train_modules"]), ", ".join(m["rollout_modules"]),
+                 m["status"], m["rank_reason"]) for m in top[:20]]
+        return (head + "<p>Module compare only: the candidates below are ranked, not explained. Run the "
+                "rl-consistency-analysis skill for a root cause.</p>"
+                + _table(("rank", "train", "rollout", "status", "why"), rows))
+    out = [head, f"<p><b>{text(root.get('verdict'))}</b></p>"]
+    for n in root.get("notes", []):
+        out.append(f"<p>note: {text(n)}</p>")
+    for c in root.get("root_causes", []):
+        out.append(f"<h3>Root cause {text(c.get('rank'))}: {text(c.get('category'))}</h3>"
+                   f"<p>train {text(_names(c.get('train_module')))} / rollout {text(_names(c.get('rollout_module')))}"
+                   f", layer {text(c.get('layer'))}, side {text(c.get('side'))} ({text(c.get('side_reason'))}); "
+                   f"confidence {text(c.get('confidence'))} {text(c.get('confidence_word'))}</p>")
+        nums = c.get("numbers") or {}
+        rows = [(io, text(x["point"]), text(x["status"]), fmt(x["error"]), fmt(x.get("tolerance")))
+                for io, x in nums.items() if isinstance(x, dict)]
+        out.append(_table(("tensor", "point", "status", "error", "tolerance"), rows, escaped=True))
+        if c.get("refuted"):
+            out.append("<p>Already refuted by the numbers:</p><ul>" + "".join(
+                f"<li>{text(r['hypothesis'])}: {text(r['because'])}</li>" for r in c["refuted"]) + "</ul>")
+        if c.get("hypotheses"):
+            out.append(_table(("hypothesis", "confirmed if", "refuted if"),
+                              [(h["statement"], h["confirm_if"], h["refute_if"]) for h in c["hypotheses"]]))
+    sup = root.get("suppressed") or {}
+    for key, title in (("structural_different", "Structural pairs whose values differ"),
+                       ("structural_not_compared", "Structural pairs not comparable as stored"),
+                       ("structural_clean", "Structural pairs whose values agree")):
+        recs = sup.get(key) or []
+        out.append(f"<details><summary>{text(title)}: {len(recs)}</summary>" + _table(
+            ("train", "rollout", "reason"),
+            [(_names(s.get("train_module")), _names(s.get("rollout_module")), s.get("reason")) for s in recs])
+            + "</details>")
+    return "".join(out)
+
+
+def _table(header, rows, escaped: bool = False) -> str:
+    cell = (lambda v: str(v)) if escaped else text
+    return ("<table><tr>" + "".join(f"<th>{text(h)}</th>" for h in header) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows) + "</table>")
+
+
+def _figure(svg: str) -> str:
+    return f'<div class="figure">{svg}</div>'
+
+
+STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px;color:#222}"
+         ".figure{overflow-x:auto;border:1px solid #ddd;margin:8px 0 16px}"
+         "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+         "font-size:13px;text-align:left;vertical-align:top}.legend span{margin-right:14px;font-size:13px}")
+
+
+def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None) -> str:
+    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5."""
+    lp = compare.get("logprob")
+    logits = next((r for r in compare.get("results", []) if lp and r["cid"] == lp.get("cid")), None)
+    sides = "".join(f"<tr><td>{side}</td><td>{text(s.get('family'))}</td><td>{text(s.get('path'))}</td>"
+                    f"<td>{text(s.get('task'))}</td><td>{text(s.get('level'))}</td></tr>"
+                    for side, s in sources.items())
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>train vs rollout divergence</title>"
+            f"<style>{STYLE}</style></head><body><h1>Train vs rollout divergence</h1>"
+            "<table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
+            f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
+            + logprob_section(lp, logits) + execution_section(compare, analysis, root)
+            + heatmap_section(compare) + verdict_section(analysis, root) + "</body></html>\n")

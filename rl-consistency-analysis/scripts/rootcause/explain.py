@@ -1,0 +1,175 @@
+"""What output_5 carries besides the triage: the sides, each cause's numbers, the hypotheses the
+numbers already refute, and a glossary of the point names and fields the report uses.
+
+Everything here is read from output_1..4, so an agent can write the report from output_5 alone
+(references/report_template.md); the reasons are in references/analysis_rules.md.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+from .evidence import Evidence
+
+CLEAN = ("match", "drift")
+DIVERGED = ("mismatch", "nonfinite")
+_STEP = re.compile(r"^step[_-]?(\d+)$")
+_RANK = re.compile(r"^(rank|proc)[_-]?\d+$")
+
+
+def sides(ev: Evidence) -> dict:
+    """Per side: engine family, resolved dump files, steps, ranks, dump level/task and main dtype."""
+    out = {}
+    for side in ("train", "rollout"):
+        src = (ev.sources or {}).get(side) or {}
+        files = src.get("files") or ([src["path"]] if src.get("path") else [])
+        # output_1 2.0 names the steps and ranks read (the input plan); older outputs only the path.
+        steps = src.get("steps") or sorted({p for f in files for p in f.replace("\\", "/").split("/")
+                                            if _STEP.match(p)})
+        dtypes = Counter(d.replace("torch.", "") for r in ev.results.values()
+                         for d in (r[side].get("dtypes") or []) if d and not _is_int(d))
+        out[side] = {
+            "family": src.get("family"), "files": files, "steps": steps,
+            "ranks": src.get("ranks") or sorted({p for f in files for p in f.split("/") if _RANK.match(p)}),
+            "rank_layout": (src.get("rank_layout") or {}).get("kind"),
+            "level": src.get("level"), "task": src.get("task"), "framework": src.get("framework"),
+            "dtype": dtypes.most_common(1)[0][0] if dtypes else None,
+            "dtypes": dict(dtypes), "partial": bool(src.get("partial")),
+        }
+    return out
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.replace("torch.", "").startswith(("int", "uint", "bool", "long"))
+
+
+def _worst(ev: Evidence, m: dict, io: str) -> dict | None:
+    """The point of one side of a module (in/param/out) with the largest error, with its tolerance."""
+    best = None
+    for p in m["points"][io]:
+        r = ev.results.get(p.get("cid"))
+        if r is None or not isinstance(r.get("error"), (int, float)):
+            continue
+        if best is None or _key(r["error"]) > _key(best["error"]):
+            best = {"point": p["point"], "status": r["status"], "error": r["error"],
+                    "tolerance": r.get("tolerance"), "margin": p.get("margin"),
+                    "dtypes": [r["train"]["dtypes"][0], r["rollout"]["dtypes"][0]]}
+    return best
+
+
+def _key(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+def numbers(ev: Evidence, pid: str) -> dict:
+    """Input, parameter and output error of one module pair, each with its tolerance (or null)."""
+    m = ev.modules[ev.pos[pid]] if pid in ev.pos else None
+    if m is None:
+        return {"input": None, "parameter": None, "output": None, "amplification": None}
+    return {"input": _worst(ev, m, "in"), "parameter": _worst(ev, m, "param"), "output": _worst(ev, m, "out"),
+            "amplification": m.get("amplification")}
+
+
+def _within(x: dict | None) -> bool:
+    return x is not None and x["status"] in CLEAN and isinstance(x.get("tolerance"), (int, float))
+
+
+def refuted(f: dict, nums: dict, reaches_output: bool | None) -> list[dict]:
+    """Hypotheses the numbers alone already rule out for one finding, each with the reason."""
+    out = []
+    inp, par, res = nums["input"], nums["parameter"], nums["output"]
+    if _within(inp):
+        out.append({"hypothesis": "the divergence is carried in from an earlier module",
+                    "because": f"its input {inp['point']} agrees (error {inp['error']:.3g} <= tolerance "
+                               f"{inp['tolerance']:.3g})"})
+    if _within(par):
+        out.append({"hypothesis": "a weight or checkpoint difference in this module",
+                    "because": f"its parameters agree (worst {par['point']}: error {par['error']:.3g} <= "
+                               f"tolerance {par['tolerance']:.3g})"})
+    worst = max((x for x in (par, res) if x and x["status"] in DIVERGED), key=lambda x: _key(x["error"]),
+                default=None)
+    if worst is not None and worst["dtypes"][0] == worst["dtypes"][1] and worst.get("tolerance"):
+        out.append({"hypothesis": "rounding noise of the dtype",
+                    "because": f"both sides hold {worst['point']} in {worst['dtypes'][0]} and its error "
+                               f"{worst['error']:.3g} is {_key(worst['error']) / worst['tolerance']:.3g} times "
+                               f"that dtype's tolerance"})
+    if reaches_output and f.get("category") != "upstream_propagation":
+        out.append({"hypothesis": "a layout (structural) difference with no effect on the result",
+                    "because": "the model's final output (logits or final norm) differs as well"})
+    return out
+
+
+_SCOPE = re.compile(r"^(L(\d+)|M)\.(.+)$")
+POINT_WORDS = {
+    "tokens": "input token ids", "positions": "position ids", "resid_in": "residual stream entering the layer",
+    "attn_norm_out": "output of the layer's input norm", "q": "query projection output",
+    "k": "key projection output", "v": "value projection output", "q_rot": "query after RoPE",
+    "k_rot": "key after RoPE", "attn_core_out": "attention kernel output (input of o_proj)",
+    "attn_out": "attention output projection (o_proj) output", "resid_mid": "residual stream after attention",
+    "mlp_norm_out": "output of the post-attention norm", "gate": "MLP gate projection output",
+    "up": "MLP up projection output", "act_gate": "act(gate)", "act_out": "act(gate) * up (input of down_proj)",
+    "mlp_out": "MLP down projection output", "resid_out": "residual stream leaving the layer",
+    "final_norm_out": "final norm output", "logits": "logits of every token", "logits_last": "logits of the last token",
+    "embed": "embedding", "o": "attention output projection", "down": "MLP down projection",
+    "input_norm": "input norm", "post_norm": "post-attention norm", "final_norm": "final norm", "lm_head": "lm_head",
+    "q_normed": "query after its per-head norm", "k_normed": "key after its per-head norm",
+}
+FIELDS = {
+    "error": "statistics mode: the largest relative difference of Max/Min/Mean/Norm (scaled_error); tensor "
+             "mode: relative L2 error ||rollout - train|| / ||train||",
+    "tolerance": "the error a clean pair of these dtypes may show (the looser dtype of the two sides)",
+    "margin": "error / tolerance: above 1 the tensor is beyond tolerance",
+    "amplification": "(amp) output error / input error of a module: how much it magnifies what it receives",
+    "status": "match (within the strict tolerance), drift (between strict and pair tolerance), mismatch, "
+              "nonfinite (NaN/Inf on one side), structural (different layout), incomparable",
+    "module_priority_rank": "1 origin (inputs agree, output differs), 2 parameters differ, 3 propagated, "
+                            "4 drift only, 5 clean",
+    "confidence": "how much the dumps support the finding, 0.01-0.99, with its credence word",
+    "side": "the side implicated, or undetermined with side_reason",
+    "clean_level": "log-prob view: the largest log-prob change logits within their element tolerance can cause",
+}
+
+
+def point_meaning(point: str) -> str:
+    """Plain words for a point name such as ``L2.gate+L2.up`` or ``L1.down.weight``."""
+    parts = point.split("+")
+    words = [_one(p) for p in parts]
+    text = " joined with ".join(words)
+    if len(parts) > 1:
+        text += " (a fused tensor on one side, compared with its parts concatenated in this order)"
+    return text
+
+
+def _one(point: str) -> str:
+    name, _, call = point.partition("@")
+    m = _SCOPE.match(name)
+    if not m:
+        return name
+    scope = f"layer {m.group(2)}" if m.group(2) else "model"
+    rest = m.group(3)
+    param = None
+    if rest.endswith((".weight", ".bias")):
+        rest, _, param = rest.rpartition(".")
+    what = POINT_WORDS.get(rest, rest)
+    if param:
+        what = f"{param} of the {what.replace(' output', '')}"
+    return f"{scope}: {what}" + (f" (call {call})" if call else "")
+
+
+def glossary(doc: dict) -> dict:
+    """Every point name output_5 mentions, in words, and the fields it uses."""
+    points: set[str] = set()
+
+    def walk(obj, key=None):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, k)
+        elif isinstance(obj, list):
+            for v in obj:
+                walk(v, key)
+        elif isinstance(obj, str) and key in ("point", "differing_points", "differing_parameters") \
+                and _SCOPE.match(obj.split("+")[0].split("@")[0]):
+            points.add(obj)
+    walk(doc)
+    return {"points": {p: point_meaning(p) for p in sorted(points)}, "fields": FIELDS}
