@@ -261,3 +261,19 @@ def test_statistics_only_on_a_tensor_dump(analyze, cli, tmp_path):
     doc = json.loads((out / REPORT).read_text())
     assert doc["mode"] == "statistics" and res.doc["mode"] == "tensor"
     assert doc["root_causes"][0]["rollout_module"] == "model.layers.1.mlp.gate_up_proj"
+
+
+@pytest.mark.parametrize("option,text,key", [
+    ("--naming", "roles:\n  - {role: down, block: mlp, local: ['mlp\\.(dense']}\n", "roles[0].local[0]"),
+    ("--tolerances", "statistics:\n  bfloat16: loose\n", "statistics.bfloat16"),
+], ids=["naming", "tolerances"])
+def test_malformed_user_yaml_exits_2_naming_file_and_key(tmp_path, script, option, text, key):
+    train, rollout = small_pair(tmp_path / "pair")
+    bad = tmp_path / "user.yaml"
+    bad.write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    res = script(SCRIPT, "--train", train, "--rollout", rollout, "--out-dir", out, option, bad)
+    assert res.code == 2, res.err
+    line = one_line_error(res.err)
+    assert line.startswith("error: ") and str(bad) in line and f"key '{key}'" in line
+    assert not (out / REPORT).exists()

@@ -63,7 +63,7 @@ class Result:
 def load_tolerances(user_file: str | None = None) -> dict:
     """Built-in tolerances, with a user YAML merged over them (safe loader only)."""
     tol = builtin(_TOL_FILE)
-    return merge(tol, read_user_yaml(user_file, "tolerances")) if user_file else tol
+    return merge(tol, read_user_yaml(user_file, "tolerances", like=tol)) if user_file else tol
 
 
 def dtype_key(dtype: str | None) -> str:
