@@ -14,7 +14,7 @@ from ..userconfig import builtin, merge, read_user_yaml
 from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import tensors as T
-from .layout import interleave_parts, match_grouped_qkv, size_relation, trim_padding
+from .layout import interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from . import sources
 from .sources import Blocks, Leafsrc, block_ranges
 from .stats import ATTRS, Stats, combine, nonfinite_one_side, nonfinite_one_side_calls, stat_error_calls, stat_errors
@@ -345,6 +345,23 @@ class Executor:
             for b in sides:
                 b.release()
 
+    def _head_geometry(self, plan) -> tuple[int | None, int | None]:
+        """(head_dim, q heads per k head) from the leaves the plan names, None where unknown."""
+        head_dim = q_heads = k_heads = None
+        for side, c in plan.heads:
+            lf = (self.t if side == "train" else self.r).leaves[c.rec].get(c.leaf)
+            shape = [d for d in (lf.shape or ()) if d != 1] if lf is not None else []
+            if c.io == "param" and len(shape) == 1:
+                head_dim = head_dim or shape[0]
+            elif c.io != "param" and len(shape) >= 3:     # [tokens, (batch,) heads, head_dim]
+                head_dim = head_dim or shape[-1]
+                if c.leaf.endswith(".0"):
+                    q_heads = shape[-2]
+                else:
+                    k_heads = shape[-2]
+        per_group = q_heads // k_heads if q_heads and k_heads and q_heads % k_heads == 0 else None
+        return head_dim, per_group
+
     def _multiset(self, plan, tensors, elt, tl, rl) -> bool | None:
         """Same values in another order? Needs whole tensors: skipped (None) for very large ones."""
         if max(sum(x.size for x in side) for side in tensors) > MULTISET_MAX_ELEMENTS:
@@ -381,12 +398,16 @@ class Executor:
             grouped_is_train = plan.train_layout == GROUPED
             standard, parts = (r, rarrs) if grouped_is_train else (t, tarrs)
             sizes = ([p.shape[cat_axis] for p in parts[:2]] if len(parts) == 3 else [None, None])
-            found = match_grouped_qkv(standard, t if grouped_is_train else r, cat_axis,
-                                      elt["rtol"], elt["atol"], *sizes)
-            if found is not None:
-                regrouped, head = found
-                t, r = (t, regrouped) if grouped_is_train else (regrouped, r)
-                return t, r, f"parts regrouped to the Megatron per-group qkv layout (head_dim={head})"
+            head_dim, per_group = self._head_geometry(plan)
+            split = qkv_split(standard.shape[cat_axis], *sizes, head_dim, per_group)
+            if split is None:
+                raise ValueError(f"{GROUPED}: cannot regroup qkv, the dump does not show the head size "
+                                 f"(no attention-kernel q/k inputs or q/k norm weights in layer "
+                                 f"{plan.point.split('.')[0]}) or it does not divide the {standard.shape[cat_axis]} rows")
+            regrouped = regroup_qkv(standard, cat_axis, split)
+            t, r = (t, regrouped) if grouped_is_train else (regrouped, r)
+            return t, r, (f"parts regrouped to the Megatron per-group qkv layout (head_dim={head_dim}, "
+                          f"{split[2]} query groups)")
         fam_t = "vllm" if plan.axis == "features" else self.t.family
         fam_r = "vllm" if plan.axis == "features" else self.r.family
         return T.align(t, r, fam_t, fam_r, plan.axis)
