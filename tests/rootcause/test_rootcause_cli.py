@@ -16,6 +16,7 @@ from synth import faults as F
 REPO = Path(__file__).resolve().parents[2]
 SKILL = REPO / "rl-consistency-analysis"
 SIBLING = REPO / "dump-module-mapping-value-compare"
+ML_DEBUG = REPO / "ml-debug"
 SCRIPT = SKILL / "scripts" / "run_root_cause_analysis.py"
 REPORT = "output_5_root_cause_report.json"
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
@@ -122,7 +123,8 @@ def test_help_documents_the_ci_flag(script):
 
 def test_skill_without_its_sibling_exits_2_naming_it(tmp_path, script):
     skills = tmp_path / "skills"
-    shutil.copytree(SKILL, skills / SKILL.name, ignore=IGNORE)
+    for src in (SKILL, ML_DEBUG):
+        shutil.copytree(src, skills / src.name, ignore=IGNORE)
     train, rollout = small_pair(tmp_path / "pair")
     res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
                  "--out-dir", tmp_path / "out")
@@ -133,7 +135,8 @@ def test_skill_without_its_sibling_exits_2_naming_it(tmp_path, script):
 
 def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
     skills = tmp_path / "skills"
-    shutil.copytree(SKILL, skills / SKILL.name, ignore=IGNORE)
+    for src in (SKILL, ML_DEBUG):
+        shutil.copytree(src, skills / src.name, ignore=IGNORE)
     entry = skills / SIBLING.name / "scripts" / "run_compare.py"
     entry.parent.mkdir(parents=True)
     entry.write_text("import sys\nprint('warming up')\nprint('error: compare exploded on purpose', file=sys.stderr)\n"
@@ -146,11 +149,24 @@ def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
     assert "compare exploded on purpose" in line
 
 
-def test_copied_skills_run_and_write_only_inside_out_dir(tmp_path, script):
-    """Both skill folders copied elsewhere (the sibling is found relative to the skill root);
-    the run writes nothing outside --out-dir: not in the dumps, the skills, the cwd or TMPDIR."""
+def test_without_ml_debug_the_credence_scale_is_missing_and_exits_2(tmp_path, script):
     skills = tmp_path / "skills"
     for src in (SKILL, SIBLING):
+        shutil.copytree(src, skills / src.name, ignore=IGNORE)
+    train, rollout = small_pair(tmp_path / "pair")
+    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
+                 "--out-dir", tmp_path / "out")
+    assert res.code == 2
+    line = one_line_error(res.err)
+    assert "ml-debug/scripts/credence_scale.json" in line and "credence scale" in line
+    assert not (tmp_path / "out" / REPORT).exists()
+
+
+def test_copied_skills_run_and_write_only_inside_out_dir(tmp_path, script):
+    """The three skill folders copied elsewhere (the sibling is found relative to the skill root);
+    the run writes nothing outside --out-dir: not in the dumps, the skills, the cwd or TMPDIR."""
+    skills = tmp_path / "skills"
+    for src in (SKILL, SIBLING, ML_DEBUG):
         shutil.copytree(src, skills / src.name, ignore=IGNORE)
     train, rollout = small_pair(tmp_path / "pair", [F.MissingActivation("train", 2)], task="tensor")
     (tmp_path / "cwd").mkdir()

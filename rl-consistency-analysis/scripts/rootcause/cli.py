@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import evidence, report, sibling, triage
+from . import credence, evidence, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
@@ -61,13 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     out = Path(args.out_dir)
     try:
+        credence.scale()        # fail before the long compare step when the scale is missing
         if not args.reuse_outputs:
             sibling.run(sibling.locate(SKILL_ROOT), _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
         tri = triage.run(ev)
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
         report.write(out, doc)
-    except (sibling.SiblingError, evidence.EvidenceError) as exc:
+    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback
