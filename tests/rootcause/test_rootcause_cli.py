@@ -3,6 +3,7 @@
 
 Exit-code and traceback tests run the script as a subprocess, as a user or CI job would.
 """
+import argparse
 import json
 import os
 import shutil
@@ -293,3 +294,44 @@ def test_malformed_user_yaml_exits_2_naming_file_and_key(tmp_path, script, optio
     line = one_line_error(res.err)
     assert line.startswith("error: ") and str(bad) in line and f"key '{key}'" in line
     assert not (out / REPORT).exists()
+
+
+def test_pass_through_options_are_declared_as_run_compare_declares_them():
+    # Issue 14: this skill keeps its own parser (it imports nothing from the compare skill at run
+    # time); every compare option must be declared alike here and passed through unchanged.
+    from dumpcompare.cli import build_parser as compare_parser
+    from rootcause import cli as rcli
+
+    theirs = {a.dest: a for a in compare_parser()._actions}
+    ours = {a.dest: a for a in rcli.build_parser()._actions}
+    passed = {"train", "rollout", "out_dir", *rcli.PASS_THROUGH_VALUES, *rcli.PASS_THROUGH_FLAGS}
+    # --quiet is given to the compare step by sibling.run, --help is argparse's own.
+    assert set(theirs) - {"help", "quiet"} == passed
+    for dest in sorted(passed):
+        a, b = theirs[dest], ours[dest]
+        assert (a.option_strings, a.choices, a.nargs, a.const, a.required, type(a)) == \
+            (b.option_strings, b.choices, b.nargs, b.const, b.required, type(b)), dest
+        for text in ("1", "0", "-3", "x"):          # same converter: same value or same refusal
+            outcomes = []
+            for action in (a, b):
+                try:
+                    outcomes.append(action.type(text) if action.type else text)
+                except (ValueError, TypeError, argparse.ArgumentTypeError):
+                    outcomes.append("refused")
+            assert outcomes[0] == outcomes[1], (dest, text, outcomes)
+    argv = ["--train", "T", "--rollout", "R", "--out-dir", "O"]
+    for dest in rcli.PASS_THROUGH_VALUES:
+        action = ours[dest]
+        argv += [action.option_strings[0], action.choices[-1] if action.choices else "2"]
+    argv += [ours[d].option_strings[0] for d in rcli.PASS_THROUGH_FLAGS]
+    got = vars(compare_parser().parse_args(rcli._compare_argv(rcli.build_parser().parse_args(argv))))
+    want = vars(rcli.build_parser().parse_args(argv))
+    assert {d: got[d] for d in passed} == {d: want[d] for d in passed}
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_jobs_below_one_is_a_usage_error(jobs, capsys):
+    from rootcause import cli as rcli
+    with pytest.raises(SystemExit) as exc:
+        rcli.build_parser().parse_args(["--train", "T", "--rollout", "R", "--out-dir", "O", "--jobs", jobs])
+    assert exc.value.code == 2 and "must be at least 1" in capsys.readouterr().err
