@@ -221,7 +221,9 @@ def test_tensor_metrics_of_a_single_bad_token(tmp_path):
     t = np.random.default_rng(0).standard_normal((6, 16))
     r = t.copy()
     r[3, 5] += 1.0
-    m = T.metrics(t, r, rtol=1e-4, atol=1e-5)
+    acc = T.Metrics(rtol=1e-4, atol=1e-5)
+    acc.add(t, r)
+    m = acc.result()
     assert m["first_token_past_tol"] == 3 and m["frac_within_tol"] == pytest.approx(1 - 1 / 96)
     assert m["max_abs"] == pytest.approx(1.0) and 0 < m["rel_l2"] < 0.2 and m["cosine"] < 1
 

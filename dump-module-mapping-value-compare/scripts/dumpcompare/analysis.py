@@ -93,10 +93,6 @@ def _worst(verdicts: list[PointVerdict]) -> tuple[str, float | None]:
     return worst.status, (max(errs) if errs else None)
 
 
-def _dtypes(res: Result, side: str) -> set[str]:
-    return {d for d in getattr(res, side)["dtypes"] if d}
-
-
 def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
             rollout: list[ModuleRecord]) -> tuple[list[ModuleVerdict], dict]:
     """Judge every pair; returns (verdicts in train execution order, first divergence info)."""
