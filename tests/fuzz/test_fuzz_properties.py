@@ -226,6 +226,7 @@ def _to_json(v):
     return v
 
 
+@pytest.mark.slow
 @settings(max_examples=60, **SETTINGS)
 @given(base=st.sampled_from(["stats", "tensor"]), side=st.sampled_from(["train", "rollout"]),
        index=st.integers(0, 10 ** 6), ops=st.lists(OP, min_size=1, max_size=4),
