@@ -122,41 +122,39 @@ def test_help_documents_the_ci_flag(script):
 
 # --- the sibling skill -----------------------------------------------------------------------
 
-def test_skill_without_its_sibling_exits_2_naming_it(tmp_path, script):
+def run_with_skills(tmp_path, script, folders, prepare=None):
+    """Run a copy of this skill with only ``folders`` beside it (``prepare(skills dir)`` first)."""
     skills = tmp_path / "skills"
-    for src in (SKILL, ML_DEBUG):
+    for src in folders:
         shutil.copytree(src, skills / src.name, ignore=IGNORE)
+    if prepare:
+        prepare(skills)
     train, rollout = small_pair(tmp_path / "pair")
-    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
-                 "--out-dir", tmp_path / "out")
+    return script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
+                  "--out-dir", tmp_path / "out")
+
+
+def test_skill_without_its_sibling_exits_2_naming_it(tmp_path, script):
+    res = run_with_skills(tmp_path, script, (SKILL, ML_DEBUG))
     assert res.code == 2
     assert "dump-module-mapping-value-compare" in one_line_error(res.err)
     assert not (tmp_path / "out" / REPORT).exists()
 
 
 def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
-    skills = tmp_path / "skills"
-    for src in (SKILL, ML_DEBUG):
-        shutil.copytree(src, skills / src.name, ignore=IGNORE)
-    entry = skills / SIBLING.name / "scripts" / "run_compare.py"
-    entry.parent.mkdir(parents=True)
-    entry.write_text("import sys\nprint('warming up')\nprint('error: compare exploded on purpose', file=sys.stderr)\n"
-                     "sys.exit(3)\n")
-    train, rollout = small_pair(tmp_path / "pair")
-    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
-                 "--out-dir", tmp_path / "out")
+    def fake_compare(skills):
+        entry = skills / SIBLING.name / "scripts" / "run_compare.py"
+        entry.parent.mkdir(parents=True)
+        entry.write_text("import sys\nprint('warming up')\nprint('error: compare exploded on purpose', "
+                         "file=sys.stderr)\nsys.exit(3)\n")
+    res = run_with_skills(tmp_path, script, (SKILL, ML_DEBUG), fake_compare)
     assert res.code == 2
     line = one_line_error(res.err)
     assert "compare exploded on purpose" in line
 
 
 def test_without_ml_debug_the_credence_scale_is_missing_and_exits_2(tmp_path, script):
-    skills = tmp_path / "skills"
-    for src in (SKILL, SIBLING):
-        shutil.copytree(src, skills / src.name, ignore=IGNORE)
-    train, rollout = small_pair(tmp_path / "pair")
-    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
-                 "--out-dir", tmp_path / "out")
+    res = run_with_skills(tmp_path, script, (SKILL, SIBLING))
     assert res.code == 2
     line = one_line_error(res.err)
     assert "ml-debug/scripts/credence_scale.json" in line and "credence scale" in line
