@@ -43,8 +43,8 @@ class PointPlan:
     pair: str | None = None    # set when the comparison reads one pair's own leaves
     stitched: str | None = None  # side whose calls 0..n are concatenated along the tokens
     # Leaves whose shapes give the attention head size, for a fused qkv in a per-group layout:
-    # (side, carrier), the grouped side's attention-kernel q and k inputs first.
-    heads: list[tuple[str, Carrier]] = field(default_factory=list)
+    # (what, side, carrier), see _head_carriers.
+    heads: list[tuple[str, str, Carrier]] = field(default_factory=list)
 
 
 @dataclass
@@ -334,21 +334,23 @@ _PARAM_NAMES = {"weight", "bias", "layer_norm_weight", "layer_norm_bias"}
 
 # Points whose leaves show the head size: the attention kernel's q and k inputs ([..., heads,
 # head_dim] in Megatron) and the per-head q/k norm weights ([head_dim], Qwen3-style models).
-_HEAD_POINTS = ("q_rot", "k_rot")
+_HEAD_POINTS = {"q": "q_rot", "k": "k_rot"}
 _HEAD_WEIGHTS = ("q_norm.weight", "k_norm.weight")
 
 
-def _head_carriers(point: str, layout: dict[str, str | None], carriers) -> list[tuple[str, Carrier]]:
-    """Leaves giving the head geometry of a fused qkv point that one side lays out per group."""
+def _head_carriers(point: str, layout: dict[str, str | None], carriers) -> list[tuple[str, str, Carrier]]:
+    """(what, side, leaf) giving the head geometry of a fused qkv point one side lays out per
+    group: ``what`` is "q" or "k" (kernel inputs of the grouped side) or "norm" (a norm weight)."""
     grouped = [s for s, lay in layout.items() if lay == "megatron_grouped_qkv"]
     if len(grouped) != 1:
         return []
     first = point.split("+")[0]
     scope, call = first.split(".")[0], first.partition("@")[2]
     suffix = f"@{call}" if call else ""
-    found = [(grouped[0], carriers[grouped[0]].get(f"{scope}.{name}{suffix}")) for name in _HEAD_POINTS]
-    found += [(s, carriers[s].get(f"{scope}.{name}")) for name in _HEAD_WEIGHTS for s in carriers]
-    return [(s, c) for s, c in found if c is not None]
+    found = [(what, grouped[0], carriers[grouped[0]].get(f"{scope}.{name}{suffix}"))
+             for what, name in _HEAD_POINTS.items()]
+    found += [("norm", s, carriers[s].get(f"{scope}.{name}")) for name in _HEAD_WEIGHTS for s in carriers]
+    return [(what, s, c) for what, s, c in found if c is not None]
 
 
 def _at_call(point: str, n: int) -> str:

@@ -347,19 +347,17 @@ class Executor:
 
     def _head_geometry(self, plan) -> tuple[int | None, int | None]:
         """(head_dim, q heads per k head) from the leaves the plan names, None where unknown."""
-        head_dim = q_heads = k_heads = None
-        for side, c in plan.heads:
+        head_dim, heads = None, {}
+        for what, side, c in plan.heads:
             lf = (self.t if side == "train" else self.r).leaves[c.rec].get(c.leaf)
             shape = [d for d in (lf.shape or ()) if d != 1] if lf is not None else []
-            if c.io == "param" and len(shape) == 1:
+            if what == "norm" and len(shape) == 1:
                 head_dim = head_dim or shape[0]
-            elif c.io != "param" and len(shape) >= 3:     # [tokens, (batch,) heads, head_dim]
+            elif what != "norm" and len(shape) >= 3:     # [tokens, (batch,) heads, head_dim]
                 head_dim = head_dim or shape[-1]
-                if c.leaf.endswith(".0"):
-                    q_heads = shape[-2]
-                else:
-                    k_heads = shape[-2]
-        per_group = q_heads // k_heads if q_heads and k_heads and q_heads % k_heads == 0 else None
+                heads[what] = shape[-2]
+        q, k = heads.get("q"), heads.get("k")
+        per_group = q // k if q and k and q % k == 0 else None
         return head_dim, per_group
 
     def _multiset(self, plan, tensors, elt, tl, rl) -> bool | None:
