@@ -78,9 +78,9 @@ def _record(items: list[dict]) -> tuple[dict, set]:
     return union, set.intersection(*(set(it) for it in items))
 
 
-def _missing(value, required: set) -> str | None:
+def _missing(key: str, value, required: set) -> tuple[str, str] | None:
     lack = sorted(required - set(value)) if isinstance(value, dict) else []
-    return f"missing {', '.join(lack)}" if lack else None
+    return (key, f"missing {', '.join(lack)}") if lack else None
 
 
 def check_like(doc, ref, key: str = "") -> tuple[str, str] | None:
@@ -111,14 +111,14 @@ def check_like(doc, ref, key: str = "") -> tuple[str, str] | None:
         for k, v in doc.items():
             sub = f"{key}.{k}" if key else str(k)
             problem = check_like(v, ref[k], sub) if k in ref else (
-                check_like(v, table, sub) or ((sub, _missing(v, required)) if _missing(v, required) else None))
+                check_like(v, table, sub) or _missing(sub, v, required))
             if problem:
                 return problem
     elif isinstance(ref, list) and ref:
         item, required = _record(ref) if all(isinstance(r, dict) for r in ref) else (ref[0], set())
         for i, v in enumerate(doc):
             sub = f"{key}[{i}]"
-            problem = check_like(v, item, sub) or ((sub, _missing(v, required)) if _missing(v, required) else None)
+            problem = check_like(v, item, sub) or _missing(sub, v, required)
             if problem:
                 return problem
     return None
