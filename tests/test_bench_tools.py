@@ -1,12 +1,15 @@
 """tools/bigdump.py writes valid msprobe dumps; tools/bench.py runs and prints its ratios.
 
-No timing assertions: the bench's numbers depend on the machine.
+No timing assertions: the bench's numbers depend on the machine. The runs of whole bench and
+size-targeted dumps are marked ``slow`` (``make test-slow``; .ci/run runs them).
 """
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIGDUMP = ROOT / "tools" / "bigdump.py"
@@ -71,6 +74,7 @@ def test_bigdump_writes_msprobe_dumps(tmp_path):
     assert docs["train", 1, 1] != train
 
 
+@pytest.mark.slow
 def test_bigdump_size_target_and_fault(tmp_path):
     summary = _bigdump(tmp_path / "a", "--size-mb", "0.5", "--fault", "corrupt:rollout:gate:1")
     for side in ("train", "rollout"):
@@ -82,6 +86,7 @@ def test_bigdump_size_target_and_fault(tmp_path):
     assert faulty["parameters"]["weight"] != ok["parameters"]["weight"]
 
 
+@pytest.mark.slow
 def test_bench_quick_prints_ratios(tmp_path):
     work = tmp_path / "w"
     proc = _run([BENCH, "--quick", "--size-mb", "0.1", "--layers", "2", "--tensor-hidden", "64",
@@ -100,6 +105,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert not (work / "stats_pair").exists() and not (work / "tensor_pair").exists()
 
 
+@pytest.mark.slow
 def test_bench_keeps_and_reuses_the_pair(tmp_path):
     work = tmp_path / "w"
     args = [BENCH, "--size-mb", "0.2", "--layers", "2", "--stages", "json", "--repeat", "1",

@@ -298,7 +298,8 @@ def hostile_pt(rng: random.Random, marker: Path) -> tuple[str, bytes]:
 def odd_pt(rng: random.Random) -> tuple[str, bytes]:
     """Torch-shaped archives with allowed globals but hostile geometry or structure."""
     from dumpcompare import tensorio as tio
-    g, s, i, tup = tio._op_global, tio._op_str, tio._op_int, tio._op_tuple
+    from synth import ptfile
+    g, s, i, tup = ptfile._op_global, ptfile._op_str, ptfile._op_int, ptfile._op_tuple
     dt = tio._DTYPES["float32"]
 
     def tensor(numel, offset, size, stride, storage_cls="FloatStorage"):
@@ -1411,7 +1412,7 @@ def prepare_case(index: int, seed: int, bases: dict[str, Base], base_dir: Path, 
     for sub in ("outside", "home", "tmp"):
         (cdir / sub).mkdir()
     (cdir / "outside" / "secret.txt").write_text("secret\n")
-    from dumpcompare.tensorio import save_pt
+    from synth.ptfile import save_pt
     save_pt(cdir / "outside" / "decoy.pt", np.full((1, 4, 16), np.nan, dtype=np.float32))
     case = Case(index, base, cdir, rng, skip_known)
     plan = plan if plan is not None else choose_mutations(case)

@@ -60,7 +60,7 @@ def one_line_per_file(expected: dict) -> str:
 
 
 def fixtures() -> dict:
-    """File name -> (object to torch.save, the tensor load_tensor must return from it)."""
+    """File name -> (object to torch.save, the tensor synth.ptfile.load_tensor must return from it)."""
     out = {}
     for dtype, values in DTYPE_VALUES.items():
         t = torch.tensor(values, dtype=dtype).reshape(2, 3)

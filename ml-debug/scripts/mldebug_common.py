@@ -20,17 +20,13 @@ from typing import Callable, Iterable, Sequence
 
 SCHEMA_VERSION = 1
 
-# The seven words and their ranges, in percent (Kesselman 2008). Ordered so that a regex
-# alternation tries the longer phrase first ("highly likely" before "likely").
-CREDENCE_SCALE: tuple[tuple[str, int, int], ...] = (
-    ("almost certain", 86, 99),
-    ("highly likely", 71, 85),
-    ("highly unlikely", 16, 30),
-    ("likely", 56, 70),
-    ("even", 46, 55),
-    ("unlikely", 31, 45),
-    ("remote", 1, 15),
-)
+# The seven words and their ranges, in percent (Kesselman 2008), defined once in
+# credence_scale.json (the root-cause skill reads the same file). Longest phrase first, so that a
+# regex alternation tries "highly likely" before "likely".
+CREDENCE_SCALE: tuple[tuple[str, int, int], ...] = tuple(sorted(
+    ((d["word"], d["low"], d["high"])
+     for d in json.loads(Path(__file__).with_name("credence_scale.json").read_text(encoding="utf-8"))["scale"]),
+    key=lambda t: -len(t[0])))
 CREDENCE_RANGES = {word: (lo, hi) for word, lo, hi in CREDENCE_SCALE}
 _WORD_ALT = "|".join(re.escape(w).replace(r"\ ", r"\s+") for w, _, _ in CREDENCE_SCALE)
 _PCT = r"(\d{1,3}(?:\.\d+)?)\s*%"

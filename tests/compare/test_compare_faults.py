@@ -1,7 +1,11 @@
 """Injected faults (statistics mode): the first divergence and the rank-1/2 modules each must give."""
 import json
+from types import SimpleNamespace
 
 import pytest
+
+from dumpcompare.analysis import ModuleVerdict, PointVerdict, _first_divergence
+from dumpcompare.compare import Result
 
 from compare.test_compare_support import run_cli, synth_dirs, synth_run  # noqa: F401
 from synth import faults as F
@@ -140,7 +144,9 @@ def test_rope_theta_points_between_qkv_and_o_proj_where_rotary_emb_sits(synth_ru
     o = out.verdict(["model.layers.0.self_attn.o_proj"])
     rot = out.one_sided("rollout", "model.layers.0.self_attn.rotary_emb")
     assert rot["expected"] and rot["after_pair"] == o["pid"]
-    assert out.first["point"] == "L0.attn_core_out"
+    # The first divergent pair is o_proj; its input (the attention output) already differs.
+    assert out.first["train_modules"] == ["model.layers.0.self_attn.o_proj"]
+    assert out.first["point"] == "L0.attn_out" and out.first["diverged_inputs"] == ["L0.attn_core_out"]
 
 
 def test_megatron_permuted_qkv_shows_at_core_attention_inputs(synth_run):
@@ -174,3 +180,36 @@ def test_nan_on_one_side_is_nonfinite_origin(synth_dirs, tmp_path):
     v = out.verdict([L1 + "mlp.down_proj"])
     assert (v["output_status"], v["status"], v["module_priority_rank"]) == ("nonfinite", "origin", 1)
     assert out.first["train_modules"] == [L1 + "mlp.down_proj"]
+
+
+
+def _result(cid, point, status, train_key, error):
+    side = {"modules": [], "keys": [train_key], "leaves": [], "dtypes": [], "shapes": [], "merges": []}
+    return Result(cid, point, "direct", "features", "statistics", status, error, 0.01, 0.01, side, dict(side))
+
+
+def _verdict(pid, order, ins, outs, out_status):
+    pts = {"in": [PointVerdict(p, c, st, e) for p, c, st, e in ins], "param": [],
+           "out": [PointVerdict(p, c, st, e) for p, c, st, e in outs]}
+    return ModuleVerdict(pid, "one_to_one", [f"m{pid}"], [f"m{pid}"], None, "embedding", "embed", order,
+                         "mismatch", "compared", "none", out_status, None, None, None, None, False,
+                         "propagated", 3, "", points=pts)
+
+
+@pytest.mark.parametrize("order", ["input_first", "output_first"])
+def test_first_divergence_point_is_an_output_of_the_first_divergent_pair(order):
+    # Issue 14: the token ids (the embedding's input) and the embeddings (its output) diverge and
+    # sit in the same train entry. The first divergence is the embedding pair; its point must be
+    # the output that makes it a divergence, whatever order the results come in.
+    tokens = _result("C1", "M.tokens", "mismatch", "embed.forward.0", 1.0)
+    hidden = _result("C2", "L0.resid_in", "mismatch", "embed.forward.0", 0.5)
+    later = _result("C3", "L0.attn_norm_out", "mismatch", "norm.forward.0", 0.5)
+    results = [tokens, hidden, later] if order == "input_first" else [hidden, tokens, later]
+    train = [SimpleNamespace(key="embed.forward.0"), SimpleNamespace(key="norm.forward.0")]
+    embed = _verdict("P0", 0, [("M.tokens", "C1", "mismatch", 1.0)], [("L0.resid_in", "C2", "mismatch", 0.5)],
+                     "mismatch")
+    norm = _verdict("P1", 1, [("L0.resid_in", "C2", "mismatch", 0.5)],
+                    [("L0.attn_norm_out", "C3", "mismatch", 0.5)], "mismatch")
+    first = _first_divergence([norm, embed], results, train)
+    assert (first["pair"], first["point"], first["cid"]) == ("P0", "L0.resid_in", "C2")
+    assert first["diverged_inputs"] == ["M.tokens"]

@@ -9,7 +9,7 @@ import pytest
 
 from compare.test_compare_support import OUTPUT_JSON, ROOT, SAMPLES, SCRIPT, run_cli
 from dumpcompare.cli import main as cli_main
-from dumpcompare.loaders import load_side
+from dumpcompare.loaders import load_path
 from dumpcompare.loaders.msprobe import parse_key
 
 LLAMA = SAMPLES / "llama_L0_statistics" / "step0" / "proc0" / "dump.json"
@@ -195,7 +195,7 @@ def test_documented_generic_example_loads(tmp_path):
     example = text.split("## Generic JSON format", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
     f = tmp_path / "generic.json"
     f.write_text(example, encoding="utf-8")
-    dump = load_side(str(f), "train")
+    dump = load_path(f)
     assert dump.fmt == "generic" and dump.entries
     leaves = {lf.name: lf for e in dump.entries for lf in e.leaves}
     assert "output.0" in leaves and "parameters.weight" in leaves

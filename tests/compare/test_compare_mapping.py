@@ -194,7 +194,7 @@ def test_documented_keys_are_present(synth_run):
     d4 = out.d4
     assert set(d4) >= {"partial", "comparability", "first_divergence", "summary", "modules", "one_sided"}
     assert set(d4["first_divergence"]) == {"pair", "train_modules", "rollout_modules", "status", "layer",
-                                           "point", "cid"}
+                                           "point", "cid", "diverged_inputs"}
     m = d4["modules"][0]
     assert set(m) >= {"pid", "kind", "train_modules", "rollout_modules", "layer", "block", "role",
                       "train_order", "input_status", "input_status_source", "parameter_status",

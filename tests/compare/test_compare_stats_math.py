@@ -131,12 +131,17 @@ def test_align_flattens_equal_sizes_and_refuses_conflicts():
 def test_tensor_metrics_and_multiset():
     rng = np.random.default_rng(5)
     t = rng.standard_normal((4, 8))
-    same = T.metrics(t, t.copy(), 1e-4, 1e-5)
+    acc = T.Metrics(1e-4, 1e-5)
+    acc.add(t, t.copy())
+    same = acc.result()
     assert same["cosine"] == pytest.approx(1) and same["rel_l2"] == 0 and same["frac_within_tol"] == 1
     assert same["first_token_past_tol"] is None
     shuffled = t[::-1].copy()
     assert T.same_multiset(t, shuffled, 1e-6, 0) and not T.same_multiset(t, shuffled + 1, 1e-6, 0)
-    assert T.stats_of(t) == pytest.approx((t.max(), t.min(), t.mean(), np.linalg.norm(t)))
+    moments = T.Moments()
+    for block in (t[:1], t[1:]):
+        moments.add(block)
+    assert moments.result() == pytest.approx((t.max(), t.min(), t.mean(), np.linalg.norm(t)))
 
 
 def test_partial_elementwise_override_keeps_the_other_builtin_value(tmp_path):

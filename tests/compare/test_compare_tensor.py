@@ -77,9 +77,35 @@ def test_megatron_grouped_qkv_is_regrouped_against_hf_parts(synth_run):
     for point in ("L1.q+L1.k+L1.v", "L1.q.weight+L1.k.weight+L1.v.weight"):
         r = out.result(point)
         assert r["kind"] == "composite" and r["status"] == "match"
-        assert any(n.startswith("parts regrouped to the Megatron per-group qkv layout (head_dim=16)")
-                   for n in r["notes"])
+        assert "parts regrouped to the Megatron per-group qkv layout (head_dim=16, 2 query groups)" in r["notes"]
     assert out.first["pair"] is None
+
+
+def test_megatron_grouped_qkv_with_drift_reports_the_drift_not_the_layout(synth_run):
+    # Issue 14: the groups come from the head size, not from a search that the drift defeats.
+    noise = 1e-3
+    out = synth_run(train="megatron", rollout="hf", task="tensor", faults=(F.KernelNoise("train", noise),))
+    r = out.result("L1.q+L1.k+L1.v")
+    # Noise of 1e-3 per op, compounded over a few ops: far below the ~1.0 a wrong layout gives.
+    assert r["status"] == "mismatch" and 1e-4 < r["error"] < 2e-2
+    assert r["tensor_metrics"]["cosine"] > 0.999
+    assert "parts regrouped to the Megatron per-group qkv layout (head_dim=16, 2 query groups)" in r["notes"]
+
+
+def test_qkv_split_follows_the_head_size():
+    from dumpcompare.compare.layout import qkv_split, regroup_qkv
+    # 8 q heads, 2 k/v heads of 4: the part sizes give the groups, or the q heads per k head do.
+    assert qkv_split(48, 32, 8, 4, None) == (32, 8, 2)
+    assert qkv_split(48, None, None, 4, 4) == (32, 8, 2)
+    assert qkv_split(48, 32, 8, None, 4) is None          # head size unknown: no guess
+    assert qkv_split(48, 32, 8, 5, None) is None          # head size that does not divide the rows
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(32, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 3))
+    grouped = np.concatenate([q[:16], k[:4], v[:4], q[16:], k[4:], v[4:]])
+    drifted = grouped * (1 + 1e-3 * rng.normal(size=grouped.shape))
+    regrouped = regroup_qkv(np.concatenate([q, k, v]), 0, qkv_split(48, 32, 8, 4, None))
+    assert np.array_equal(regrouped, grouped)
+    assert np.linalg.norm(regrouped - drifted) / np.linalg.norm(drifted) < 1e-2
 
 
 def test_padded_vocab_is_structural_in_statistics_and_trimmed_in_tensor_mode(synth_run):
@@ -195,6 +221,21 @@ def test_tensor_metrics_of_a_single_bad_token(tmp_path):
     t = np.random.default_rng(0).standard_normal((6, 16))
     r = t.copy()
     r[3, 5] += 1.0
-    m = T.metrics(t, r, rtol=1e-4, atol=1e-5)
+    acc = T.Metrics(rtol=1e-4, atol=1e-5)
+    acc.add(t, r)
+    m = acc.result()
     assert m["first_token_past_tol"] == 3 and m["frac_within_tol"] == pytest.approx(1 - 1 / 96)
     assert m["max_abs"] == pytest.approx(1.0) and 0 < m["rel_l2"] < 0.2 and m["cosine"] < 1
+
+
+def test_megatron_grouped_qkv_without_head_size_is_incomparable_not_guessed(tmp_path):
+    import synth
+    train, rollout = synth.generate_pair(tmp_path / "d", synth.Config(layers=2), train_layout="megatron",
+                                         rollout_layout="vllm", task="tensor")
+    dump = train / "dump.json"
+    doc = json.loads(dump.read_text(encoding="utf-8"))
+    doc["data"] = {k: v for k, v in doc["data"].items() if ".core_attention." not in k}
+    dump.write_text(json.dumps(doc), encoding="utf-8")
+    r = run_cli(train, rollout, tmp_path / "out").result("L1.q+L1.k+L1.v")
+    assert r["status"] == "incomparable" and r["error"] is None
+    assert r["reason"].startswith("megatron_grouped_qkv: cannot regroup qkv, the dump does not show the head size")

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.tensorio import (TensorReadError, load_tensor, open_tensor, resolve_data_file, save_pt,
-                                  source_dtype, widen_bf16)
+from dumpcompare.tensorio import TensorReadError, open_tensor, resolve_data_file, widen_bf16
+from synth.ptfile import load_tensor, save_pt, source_dtype
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PT_DIR = DATA / "pt"

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dumpcompare.errors import InputError
-from dumpcompare.loaders import load_side
+from dumpcompare.loaders import load_path
 from fuzz.fuzz_support import TINY, SAMPLES, Obj, compare, outputs, parse, synth, tiny_pair, write_doc
 
 REAL = {
@@ -94,7 +94,7 @@ def _load(scratch: Path, name: str, blob: bytes):
     folder.mkdir(exist_ok=True)
     path = folder / "dump.json"
     path.write_bytes(blob)
-    return path, load_side(str(path), "train")
+    return path, load_path(path)
 
 
 @settings(max_examples=250, **SETTINGS)
@@ -226,6 +226,7 @@ def _to_json(v):
     return v
 
 
+@pytest.mark.slow
 @settings(max_examples=60, **SETTINGS)
 @given(base=st.sampled_from(["stats", "tensor"]), side=st.sampled_from(["train", "rollout"]),
        index=st.integers(0, 10 ** 6), ops=st.lists(OP, min_size=1, max_size=4),

@@ -21,6 +21,7 @@ from fuzz.fuzz_support import FUZZER, SAMPLES, fuzz_dumps
 F = fuzz_dumps
 
 
+@pytest.mark.slow
 def test_fuzz_150_cases_without_violation(tmp_path):
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run([sys.executable, str(FUZZER), "--cases", "150", "--seed", "0", "--skip-known",
@@ -50,6 +51,7 @@ def bases(tmp_path_factory):
     return where, F.build_bases(where)
 
 
+@pytest.mark.slow
 def test_every_mutation_applies_to_every_base(bases, tmp_path):
     base_dir, described = bases
     i = 0

@@ -359,7 +359,7 @@ def _decoy(p):
     outside = p.root / "outside"
     outside.mkdir(exist_ok=True)
     import numpy as np
-    from dumpcompare.tensorio import save_pt
+    from synth.ptfile import save_pt
     decoy = outside / "decoy.pt"
     save_pt(decoy, np.full((4, 16), np.nan, dtype=np.float32))
     return decoy

@@ -3,6 +3,7 @@
 
 Exit-code and traceback tests run the script as a subprocess, as a user or CI job would.
 """
+import argparse
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from synth import faults as F
 REPO = Path(__file__).resolve().parents[2]
 SKILL = REPO / "rl-consistency-analysis"
 SIBLING = REPO / "dump-module-mapping-value-compare"
+ML_DEBUG = REPO / "ml-debug"
 SCRIPT = SKILL / "scripts" / "run_root_cause_analysis.py"
 REPORT = "output_5_root_cause_report.json"
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
@@ -120,30 +122,35 @@ def test_help_documents_the_ci_flag(script):
 
 # --- the sibling skill -----------------------------------------------------------------------
 
-def test_skill_without_its_sibling_exits_2_naming_it(tmp_path, script):
+def run_with_skills(tmp_path, script, folders, prepare=None):
+    """Run a copy of this skill with only ``folders`` beside it (``prepare(skills dir)`` first)."""
     skills = tmp_path / "skills"
-    shutil.copytree(SKILL, skills / SKILL.name, ignore=IGNORE)
+    for src in folders:
+        shutil.copytree(src, skills / src.name, ignore=IGNORE)
+    if prepare:
+        prepare(skills)
     train, rollout = small_pair(tmp_path / "pair")
-    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
-                 "--out-dir", tmp_path / "out")
+    return script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
+                  "--out-dir", tmp_path / "out")
+
+
+def test_skill_without_its_sibling_exits_2_naming_it(tmp_path, script):
+    res = run_with_skills(tmp_path, script, (SKILL, ML_DEBUG))
     assert res.code == 2
     assert "dump-module-mapping-value-compare" in one_line_error(res.err)
     assert not (tmp_path / "out" / REPORT).exists()
 
 
 def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
-    skills = tmp_path / "skills"
-    shutil.copytree(SKILL, skills / SKILL.name, ignore=IGNORE)
-    entry = skills / SIBLING.name / "scripts" / "run_compare.py"
-    entry.parent.mkdir(parents=True)
-    # The stub keeps the real safe-text module, which the root-cause skill loads before it runs.
-    (entry.parent / "dumpcompare").mkdir()
-    shutil.copy(SIBLING / "scripts" / "dumpcompare" / "safetext.py", entry.parent / "dumpcompare")
-    entry.write_text("import sys\nprint('warming up')\nprint('error: compare exploded on purpose', file=sys.stderr)\n"
-                     "sys.exit(3)\n")
-    train, rollout = small_pair(tmp_path / "pair")
-    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
-                 "--out-dir", tmp_path / "out")
+    def fake_compare(skills):
+        entry = skills / SIBLING.name / "scripts" / "run_compare.py"
+        entry.parent.mkdir(parents=True)
+        # The stub keeps the real safe-text module, which the root-cause skill loads before it runs.
+        (entry.parent / "dumpcompare").mkdir()
+        shutil.copy(SIBLING / "scripts" / "dumpcompare" / "safetext.py", entry.parent / "dumpcompare")
+        entry.write_text("import sys\nprint('warming up')\nprint('error: compare exploded on purpose', "
+                         "file=sys.stderr)\nsys.exit(3)\n")
+    res = run_with_skills(tmp_path, script, (SKILL, ML_DEBUG), fake_compare)
     assert res.code == 2
     line = one_line_error(res.err)
     assert "compare exploded on purpose" in line
@@ -151,24 +158,27 @@ def test_failing_sibling_exits_2_with_its_message(tmp_path, script):
 
 def test_sibling_without_its_safe_text_module_exits_2_naming_it(tmp_path, script):
     """The root-cause skill escapes names with the sibling's safetext.py: without it, one line."""
-    skills = tmp_path / "skills"
-    for src in (SKILL, SIBLING):
-        shutil.copytree(src, skills / src.name, ignore=IGNORE)
-    (skills / SIBLING.name / "scripts" / "dumpcompare" / "safetext.py").unlink()
-    train, rollout = small_pair(tmp_path / "pair")
-    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", train, "--rollout", rollout,
-                 "--out-dir", tmp_path / "out")
+    res = run_with_skills(tmp_path, script, (SKILL, SIBLING, ML_DEBUG),
+                          lambda skills: (skills / SIBLING.name / "scripts" / "dumpcompare" / "safetext.py").unlink())
     assert res.code == 2
     line = one_line_error(res.err)
     assert "safetext.py" in line and "dump-module-mapping-value-compare" in line
     assert not (tmp_path / "out").exists()
 
 
+def test_without_ml_debug_the_credence_scale_is_missing_and_exits_2(tmp_path, script):
+    res = run_with_skills(tmp_path, script, (SKILL, SIBLING))
+    assert res.code == 2
+    line = one_line_error(res.err)
+    assert "ml-debug/scripts/credence_scale.json" in line and "credence scale" in line
+    assert not (tmp_path / "out" / REPORT).exists()
+
+
 def test_copied_skills_run_and_write_only_inside_out_dir(tmp_path, script):
-    """Both skill folders copied elsewhere (the sibling is found relative to the skill root);
+    """The three skill folders copied elsewhere (the sibling is found relative to the skill root);
     the run writes nothing outside --out-dir: not in the dumps, the skills, the cwd or TMPDIR."""
     skills = tmp_path / "skills"
-    for src in (SKILL, SIBLING):
+    for src in (SKILL, SIBLING, ML_DEBUG):
         shutil.copytree(src, skills / src.name, ignore=IGNORE)
     train, rollout = small_pair(tmp_path / "pair", [F.MissingActivation("train", 2)], task="tensor")
     (tmp_path / "cwd").mkdir()
@@ -279,3 +289,60 @@ def test_statistics_only_on_a_tensor_dump(analyze, cli, tmp_path):
     doc = json.loads((out / REPORT).read_text())
     assert doc["mode"] == "statistics" and res.doc["mode"] == "tensor"
     assert doc["root_causes"][0]["rollout_module"] == "model.layers.1.mlp.gate_up_proj"
+
+
+@pytest.mark.parametrize("option,text,key", [
+    ("--naming", "roles:\n  - {role: down, block: mlp, local: ['mlp\\.(dense']}\n", "roles[0].local[0]"),
+    ("--tolerances", "statistics:\n  bfloat16: loose\n", "statistics.bfloat16"),
+], ids=["naming", "tolerances"])
+def test_malformed_user_yaml_exits_2_naming_file_and_key(tmp_path, script, option, text, key):
+    train, rollout = small_pair(tmp_path / "pair")
+    bad = tmp_path / "user.yaml"
+    bad.write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    res = script(SCRIPT, "--train", train, "--rollout", rollout, "--out-dir", out, option, bad)
+    assert res.code == 2, res.err
+    line = one_line_error(res.err)
+    assert line.startswith("error: ") and str(bad) in line and f"key '{key}'" in line
+    assert not (out / REPORT).exists()
+
+
+def test_pass_through_options_are_declared_as_run_compare_declares_them():
+    # Issue 14: this skill keeps its own parser (it imports nothing from the compare skill at run
+    # time); every compare option must be declared alike here and passed through unchanged.
+    from dumpcompare.cli import build_parser as compare_parser
+    from rootcause import cli as rcli
+
+    theirs = {a.dest: a for a in compare_parser()._actions}
+    ours = {a.dest: a for a in rcli.build_parser()._actions}
+    passed = {"train", "rollout", "out_dir", *rcli.PASS_THROUGH_VALUES, *rcli.PASS_THROUGH_FLAGS}
+    # --quiet is given to the compare step by sibling.run, --help is argparse's own.
+    assert set(theirs) - {"help", "quiet"} == passed
+    for dest in sorted(passed):
+        a, b = theirs[dest], ours[dest]
+        assert (a.option_strings, a.choices, a.nargs, a.const, a.required, type(a)) == \
+            (b.option_strings, b.choices, b.nargs, b.const, b.required, type(b)), dest
+        for text in ("1", "0", "-3", "x"):          # same converter: same value or same refusal
+            outcomes = []
+            for action in (a, b):
+                try:
+                    outcomes.append(action.type(text) if action.type else text)
+                except (ValueError, TypeError, argparse.ArgumentTypeError):
+                    outcomes.append("refused")
+            assert outcomes[0] == outcomes[1], (dest, text, outcomes)
+    argv = ["--train", "T", "--rollout", "R", "--out-dir", "O"]
+    for dest in rcli.PASS_THROUGH_VALUES:
+        action = ours[dest]
+        argv += [action.option_strings[0], action.choices[-1] if action.choices else "2"]
+    argv += [ours[d].option_strings[0] for d in rcli.PASS_THROUGH_FLAGS]
+    got = vars(compare_parser().parse_args(rcli._compare_argv(rcli.build_parser().parse_args(argv))))
+    want = vars(rcli.build_parser().parse_args(argv))
+    assert {d: got[d] for d in passed} == {d: want[d] for d in passed}
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_jobs_below_one_is_a_usage_error(jobs, capsys):
+    from rootcause import cli as rcli
+    with pytest.raises(SystemExit) as exc:
+        rcli.build_parser().parse_args(["--train", "T", "--rollout", "R", "--out-dir", "O", "--jobs", jobs])
+    assert exc.value.code == 2 and "must be at least 1" in capsys.readouterr().err

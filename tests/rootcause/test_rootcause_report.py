@@ -178,3 +178,16 @@ def test_credence_clamp_stays_on_the_scale(x):
     c = credence.clamp(x)
     assert 0 <= c <= 1
     assert credence.word(c) == expected_word(c)
+
+
+def test_credence_scale_is_defined_once_for_both_skills():
+    # Issue 14: the scale lives in ml-debug's credence_scale.json; neither skill's code repeats it.
+    from pathlib import Path
+
+    import mldebug_common as mc
+    from rootcause import credence
+    doc = json.loads(credence.SCALE_FILE.read_text(encoding="utf-8"))["scale"]
+    assert sorted((d["low"], d["word"]) for d in doc) == sorted(credence.scale())
+    assert sorted((d["word"], d["low"], d["high"]) for d in doc) == sorted(mc.CREDENCE_SCALE)
+    for module in (credence, mc):
+        assert "highly unlikely" not in Path(module.__file__).read_text(encoding="utf-8"), module.__file__

@@ -13,7 +13,6 @@ Max/Min with null Mean/Norm.
 """
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,14 +83,7 @@ class _TensorSink:
 
 
 def _load_save_pt():
-    # Outside pytest (e.g. the CLI) the toolkit's scripts folder is not on sys.path yet.
-    scripts = str(Path(__file__).resolve().parents[2] / "dump-module-mapping-value-compare" / "scripts")
-    if scripts not in sys.path:
-        sys.path.append(scripts)
-    try:
-        from dumpcompare.tensorio import save_pt
-    except ImportError as exc:
-        raise RuntimeError("tensor_format='pt' needs dumpcompare.tensorio.save_pt") from exc
+    from .ptfile import save_pt
     return save_pt
 
 
@@ -112,7 +104,7 @@ def write_dump(dump_dir, entries, task: str = "statistics", tensor_format: str =
 
     ``task`` is ``"statistics"`` or ``"tensor"``; in tensor mode every Leaf also gets a
     ``data_name`` and a file in ``dump_tensor_data/`` (``.npy``, or ``.pt`` through
-    ``dumpcompare.tensorio.save_pt``), and ``dump_data_dir`` names a stale absolute path of a
+    ``synth.ptfile.save_pt``), and ``dump_data_dir`` names a stale absolute path of a
     fictional machine, as real dumps copied between machines do.
     """
     if task not in ("statistics", "tensor"):

@@ -93,10 +93,6 @@ def _worst(verdicts: list[PointVerdict]) -> tuple[str, float | None]:
     return worst.status, (max(errs) if errs else None)
 
 
-def _dtypes(res: Result, side: str) -> set[str]:
-    return {d for d in getattr(res, side)["dtypes"] if d}
-
-
 def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
             rollout: list[ModuleRecord]) -> tuple[list[ModuleVerdict], dict]:
     """Judge every pair; returns (verdicts in train execution order, first divergence info)."""
@@ -268,15 +264,23 @@ def _containers(verdicts: list[ModuleVerdict], train: list[ModuleRecord]) -> Non
 
 
 def _first_divergence(verdicts, results: list[Result], train) -> dict:
+    """The first pair (train order) whose output diverges, and its earliest diverged tensor.
+
+    The point is one of that pair's own parameters or outputs (a diverged parameter first): an
+    input of the pair can diverge too and sit in the same or an earlier entry, but it came from
+    upstream and is not what makes this pair the first divergence.
+    """
     first = next((v for v in sorted(verdicts, key=lambda v: v.train_order)
                   if v.output_status in DIVERGED and v.status != "structural"), None)
     key_index = {rec.key: i for i, rec in enumerate(train)}
+    by_cid = {r.cid: r for r in results}
 
     def res_order(r):
         idx = [key_index[k] for k in r.train["keys"] if k in key_index]
         return min(idx) if idx else 10**12
-    diverged = [r for r in results if r.status in DIVERGED]
-    first_point = min(diverged, key=res_order) if diverged else None
+    own = first.points["param"] + first.points["out"] if first else []
+    outs = [by_cid[p.cid] for p in own if p.status in DIVERGED and p.cid in by_cid]
+    first_point = min(outs, key=res_order) if outs else None
     return {
         "pair": first.pid if first else None,
         "train_modules": first.train_modules if first else None,
@@ -285,4 +289,6 @@ def _first_divergence(verdicts, results: list[Result], train) -> dict:
         "layer": first.layer if first else None,
         "point": first_point.point if first_point else None,
         "cid": first_point.cid if first_point else None,
+        # Where the divergence entered from upstream: the pair's own inputs that already differ.
+        "diverged_inputs": [p.point for p in first.points["in"] if p.status in DIVERGED] if first else [],
     }

@@ -37,7 +37,8 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Argument parser of run_compare.py (also used by the root-cause skill's pass-through)."""
+    """Argument parser of run_compare.py (the root-cause skill declares the same options for its
+    pass-through; a test there keeps the two in step)."""
     ap = argparse.ArgumentParser(
         prog="run_compare.py",
         description="Map modules of a train dump and a rollout dump (msprobe dump.json, or the generic "

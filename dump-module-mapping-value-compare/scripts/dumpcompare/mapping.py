@@ -42,6 +42,9 @@ class PointPlan:
     rollout_layout: str | None = None
     pair: str | None = None    # set when the comparison reads one pair's own leaves
     stitched: str | None = None  # side whose calls 0..n are concatenated along the tokens
+    # Leaves whose shapes give the attention head size, for a fused qkv in a per-group layout:
+    # (what, side, carrier), see _head_carriers.
+    heads: list[tuple[str, str, Carrier]] = field(default_factory=list)
 
 
 @dataclass
@@ -277,8 +280,9 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
 
     def add(point, kind, tr, ro, stitched=None):
         axis = "rows" if point.split("+")[0].rsplit(".", 1)[-1] in _PARAM_NAMES or _is_param(point, tr, ro) else "features"
-        plans.append(PointPlan("", point, kind, axis, tr, ro,
-                               layout_of["train"].get(point), layout_of["rollout"].get(point), stitched=stitched))
+        lay = {s: layout_of[s].get(point) for s in sides}
+        plans.append(PointPlan("", point, kind, axis, tr, ro, lay["train"], lay["rollout"], stitched=stitched,
+                               heads=_head_carriers(point, lay, carriers)))
 
     stitch = _stitch_groups(carriers)
     stitched_calls = {c for _, calls in stitch.values() for c in calls[1:]}
@@ -327,6 +331,26 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
 
 
 _PARAM_NAMES = {"weight", "bias", "layer_norm_weight", "layer_norm_bias"}
+
+# Points whose leaves show the head size: the attention kernel's q and k inputs ([..., heads,
+# head_dim] in Megatron) and the per-head q/k norm weights ([head_dim], Qwen3-style models).
+_HEAD_POINTS = {"q": "q_rot", "k": "k_rot"}
+_HEAD_WEIGHTS = ("q_norm.weight", "k_norm.weight")
+
+
+def _head_carriers(point: str, layout: dict[str, str | None], carriers) -> list[tuple[str, str, Carrier]]:
+    """(what, side, leaf) giving the head geometry of a fused qkv point one side lays out per
+    group: ``what`` is "q" or "k" (kernel inputs of the grouped side) or "norm" (a norm weight)."""
+    grouped = [s for s, lay in layout.items() if lay == "megatron_grouped_qkv"]
+    if len(grouped) != 1:
+        return []
+    first = point.split("+")[0]
+    scope, call = first.split(".")[0], first.partition("@")[2]
+    suffix = f"@{call}" if call else ""
+    found = [(what, grouped[0], carriers[grouped[0]].get(f"{scope}.{name}{suffix}"))
+             for what, name in _HEAD_POINTS.items()]
+    found += [("norm", s, carriers[s].get(f"{scope}.{name}")) for name in _HEAD_WEIGHTS for s in carriers]
+    return [(what, s, c) for what, s, c in found if c is not None]
 
 
 def _at_call(point: str, n: int) -> str:

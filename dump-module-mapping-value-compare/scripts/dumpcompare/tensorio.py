@@ -1,4 +1,4 @@
-"""Read and write the tensor files of msprobe dumps without torch.
+"""Read the tensor files of msprobe dumps without torch.
 
 msprobe stores every dumped tensor with ``torch.save``: a zip archive holding a pickle
 (``<archive>/data.pkl``) that describes the tensor and one raw byte member per storage
@@ -21,13 +21,10 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-__all__ = ["TensorReadError", "resolve_data_file", "load_tensor", "open_tensor", "widen_bf16", "save_pt",
-           "source_dtype"]
+__all__ = ["TensorReadError", "resolve_data_file", "open_tensor", "widen_bf16"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
-# torch aligns each member's data to 64 bytes so storages can be memory-mapped in place.
-_ALIGNMENT = 64
 # A tensor may repeat storage elements through zero strides (expand()); cap how far that can
 # inflate memory so that a tiny hostile file cannot demand gigabytes.
 _MAX_INFLATED_BYTES = 1 << 30
@@ -48,7 +45,7 @@ class TensorReadError(Exception):
 
 
 class _FormatError(Exception):
-    """Something in a file's content is malformed or not allowed; load_tensor adds the file name."""
+    """Something in a file's content is malformed or not allowed; _read_guarded adds the file name."""
 
 
 def _one_line(text: str) -> str:
@@ -368,29 +365,17 @@ def _read_guarded(path, on_npy, on_pt):
         raise TensorReadError(path, _describe(exc)) from exc
 
 
-def load_tensor(path: Path, mmap: bool = False) -> np.ndarray:
-    """Read one tensor file (torch.save zip ``.pt`` or ``.npy``) into a numpy array, without torch.
+def open_tensor(path: Path) -> tuple[np.ndarray, bool]:
+    """Open a tensor file (torch.save zip ``.pt`` or ``.npy``) for reading in blocks: ``(array, raw_bf16)``.
 
     The format is recognised from the content. ``.pt`` files are decoded without running any code
-    from the file and come back as a new C-contiguous array of the stored dtype, except bfloat16,
-    which is widened exactly to float32 (see ``source_dtype``). A file holding a flat list or dict
-    of tensors yields its first tensor. ``.npy`` files are loaded with pickles disabled; only
-    bool/int/uint/float/complex dtypes are accepted. ``mmap`` memory-maps ``.npy`` files read-only
-    (a big-endian one is still converted in memory); ``.pt`` files are always read into memory.
-
-    Raises TensorReadError (one line naming the file) for anything unreadable, corrupt or unsafe.
-    """
-    return _read_guarded(path, lambda p: _load_npy(p, mmap),
-                         lambda archive, ref: _to_host_dtype(archive.values(ref), ref.dtype))
-
-
-def open_tensor(path: Path) -> tuple[np.ndarray, bool]:
-    """Open a tensor file for reading in blocks: ``(array, raw_bf16)``.
-
+    from the file; a file holding a flat list or dict of tensors yields its first tensor. ``.npy``
+    files are loaded with pickles disabled; only bool/int/uint/float/complex dtypes are accepted.
     ``.npy`` files and uncompressed ``.pt`` storages are memory-mapped, so only what is read is
     loaded; a bfloat16 tensor comes back as its raw uint16 bits with ``raw_bf16`` True (widen
-    what you read with :func:`widen_bf16`). Other ``.pt`` tensors are read as by load_tensor.
-    Raises TensorReadError like load_tensor.
+    what you read with :func:`widen_bf16`). Other ``.pt`` tensors are read into memory in their
+    stored dtype (bfloat16 widened exactly to float32).
+    Raises TensorReadError (one line naming the file) for anything unreadable, corrupt or unsafe.
     """
     def on_pt(archive, ref):
         arr = archive.mapped(Path(path), ref)
@@ -406,16 +391,6 @@ def widen_bf16(bits: np.ndarray) -> np.ndarray:
     wide = np.asarray(bits, dtype=np.uint32)
     wide <<= 16
     return wide.view(np.float32)
-
-
-def source_dtype(path: Path) -> str:
-    """The dtype name stored in a tensor file (``"bfloat16"``, ``"float32"``, ``"bool"``, ...).
-
-    Tells callers that a tensor load_tensor returned as float32 was stored as bfloat16. Reads only
-    the pickle (or .npy header), not the tensor data. Raises TensorReadError like load_tensor.
-    """
-    return _read_guarded(path, lambda p: _load_npy(p, mmap=True).dtype.name,
-                         lambda archive, ref: ref.dtype.name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -477,115 +452,3 @@ def resolve_data_file(dump_dir: Path, data_name: str, dump_data_dir: str | None)
         if real.is_file():
             return real
     raise TensorReadError(data_name, "not found (looked for " + ", ".join(map(str, tried)) + ")")
-
-
-# ----------------------------------------------------------------------------------------------
-# Writing. The pickle is emitted opcode by opcode because the globals it must name (torch.*)
-# do not exist without torch, so the pickle module cannot produce them.
-
-
-def _op_global(module: str, name: str) -> bytes:
-    return b"c" + f"{module}\n{name}\n".encode()
-
-
-def _op_str(text: str) -> bytes:
-    data = text.encode()
-    return b"X" + struct.pack("<I", len(data)) + data
-
-
-def _op_int(value: int) -> bytes:
-    if 0 <= value < 1 << 8:
-        return b"K" + struct.pack("<B", value)
-    if 0 <= value < 1 << 16:
-        return b"M" + struct.pack("<H", value)
-    if -(1 << 31) <= value < 1 << 31:
-        return b"J" + struct.pack("<i", value)
-    body = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
-    return b"\x8a" + struct.pack("<B", len(body)) + body
-
-
-def _op_tuple(items) -> bytes:
-    return b"(" + b"".join(items) + b"t"
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)  # torch keeps strides meaningful past zero-length dimensions
-    return tuple(reversed(strides))
-
-
-def _tensor_pickle(shape: tuple, dtype: _DType) -> bytes:
-    """data.pkl for one contiguous tensor on storage key "0", as torch.save writes it."""
-    count = math.prod(shape)
-    if dtype.storage_class:
-        rebuild, storage_global, numel = "_rebuild_tensor_v2", ("torch", dtype.storage_class), count
-    else:
-        rebuild, storage_global = "_rebuild_tensor_v3", ("torch.storage", "UntypedStorage")
-        numel = count * dtype.itemsize
-    storage = _op_tuple([_op_str("storage"), _op_global(*storage_global), _op_str("0"),
-                         _op_str("cpu"), _op_int(numel)]) + b"Q"  # BINPERSID
-    empty_hooks = _op_global("collections", "OrderedDict") + b")R"  # OrderedDict()
-    requires_grad = b"\x89"  # NEWFALSE
-    args = [storage, _op_int(0), _op_tuple(map(_op_int, shape)),
-            _op_tuple(map(_op_int, _contiguous_strides(shape))), requires_grad, empty_hooks]
-    if rebuild == "_rebuild_tensor_v3":
-        args.append(_op_global("torch", dtype.name))
-    return b"\x80\x02" + _op_global("torch._utils", rebuild) + _op_tuple(args) + b"R."
-
-
-def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
-    values = np.array(array, dtype=np.float32, order="C")
-    bits = values.view(np.uint32).astype(np.uint64)  # wide enough that rounding cannot overflow
-    # Round to nearest even on the 16 bits kept: add half an ulp, plus one if the kept part is odd.
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    # Rounding could carry a NaN into infinity; write the canonical quiet NaN as torch's scalar
-    # conversion does.
-    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
-
-
-def _storage_bytes(array: np.ndarray, dtype: _DType) -> bytes:
-    if dtype.name == "bfloat16":
-        return _bfloat16_bits(array).astype("<u2").tobytes()
-    return np.array(array, dtype=np.dtype(dtype.code).newbyteorder("<"), order="C").tobytes()
-
-
-def _member_padding(offset: int, filename: str) -> bytes:
-    """A zip extra field that makes the member's data start on a 64-byte boundary, like torch."""
-    header_end = offset + 30 + len(filename.encode()) + 4  # local header, name, extra field header
-    pad = -header_end % _ALIGNMENT
-    return b"FB" + struct.pack("<H", pad) + b"Z" * pad
-
-
-def _archive_bytes(archive: str, pickle_bytes: bytes, storage: bytes) -> bytes:
-    members = (("data.pkl", pickle_bytes), (".format_version", b"1"), (".storage_alignment", b"64"),
-               ("byteorder", b"little"), ("data/0", storage), ("version", b"3\n"))
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        for member, data in members:
-            info = zipfile.ZipInfo(f"{archive}/{member}", date_time=(1980, 1, 1, 0, 0, 0))
-            info.extra = _member_padding(buf.tell(), info.filename)
-            zf.writestr(info, data)
-    return buf.getvalue()
-
-
-def save_pt(path: Path, array: np.ndarray, dtype: str = None) -> None:
-    """Write ``array`` as a torch.save-compatible ``.pt`` file, without torch.
-
-    ``dtype`` is a torch short name (``"float32"``, ``"bfloat16"``, ``"int64"``, ``"bool"``, ...,
-    any of those load_tensor reads); by default the array's own dtype. Values are converted with
-    numpy's casting rules; bfloat16 rounds float32 to nearest even (NaN stays NaN). The file
-    mirrors torch's layout (archive folder named after the file stem, protocol-2 data.pkl,
-    little-endian storage "data/0", 64-byte aligned members), and
-    ``torch.load(path, weights_only=True)`` returns the same tensor.
-    """
-    array = np.asarray(array)
-    name = dtype or array.dtype.name
-    if name not in _DTYPES:
-        raise ValueError(f"save_pt: unsupported dtype {name!r} (supported: {', '.join(_DTYPES)})")
-    target = _DTYPES[name]
-    path = Path(path)
-    data = _archive_bytes(path.stem or "archive", _tensor_pickle(array.shape, target),
-                          _storage_bytes(array, target))
-    path.write_bytes(data)

@@ -5,15 +5,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import evidence, report, sibling, triage
+from . import credence, evidence, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
+# The compare options are declared here again, not taken from the compare skill: this skill
+# imports nothing from it and runs it as a subprocess. tests/rootcause/test_rootcause_cli.py
+# checks that these declarations match run_compare.py's and that each one is passed through.
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
                        "rollout_family", "naming", "tolerances", "jobs")
+PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls")
+FAMILIES = ("hf", "vllm", "sglang", "megatron")
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Argument parser (compare options are passed through to the sibling skill)."""
+    """Argument parser: this script's options and the compare options it passes through."""
     ap = argparse.ArgumentParser(
         prog="run_root_cause_analysis.py",
         description="Regenerate output_1..4 with the sibling dump-module-mapping-value-compare skill, then find "
@@ -27,12 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     for side in ("train", "rollout"):
         ap.add_argument(f"--{side}-step", help="passed to the compare step")
         ap.add_argument(f"--{side}-rank", help="passed to the compare step")
-        ap.add_argument(f"--{side}-family", help="passed to the compare step (hf, vllm, sglang, megatron)")
+        ap.add_argument(f"--{side}-family", choices=FAMILIES, help="passed to the compare step")
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
-    ap.add_argument("--jobs", type=int, help="processes reading the dumps, passed to the compare step")
+    ap.add_argument("--jobs", type=_positive_int, help="processes reading the dumps, passed to the compare step")
     ap.add_argument("--reuse-outputs", action="store_true",
                     help="do not rerun the compare step; read existing output_1..4 in --out-dir")
     ap.add_argument("--fail-on-finding", action="store_true",
@@ -47,7 +59,7 @@ def _compare_argv(args) -> list[str]:
         val = getattr(args, name)
         if val is not None:
             argv += [f"--{name.replace('_', '-')}", str(val)]
-    for flag in ("statistics_only", "no_fold_calls"):
+    for flag in PASS_THROUGH_FLAGS:
         if getattr(args, flag):
             argv.append(f"--{flag.replace('_', '-')}")
     return argv
@@ -67,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         script = sibling.locate(SKILL_ROOT)
+        credence.scale()        # fail before the long compare step when the scale is missing
         if not args.reuse_outputs:
             sibling.run(script, _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
@@ -75,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write(out, doc)
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
         report.write_text(out / report.HTML, page)
-    except (sibling.SiblingError, evidence.EvidenceError) as exc:
+    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback

@@ -1,10 +1,35 @@
-"""The credence scale shared with ml-debug: a confidence number and the word that goes with it."""
+"""A confidence number and its credence word, on the scale ml-debug defines.
+
+The scale is defined once, in ``ml-debug/scripts/credence_scale.json``; this skill reads that
+file from the ml-debug folder next to its own (the skills are installed side by side), the way
+it finds the compare skill.
+"""
 from __future__ import annotations
 
-SCALE = [  # (lowest percent, word)
-    (86, "almost certain"), (71, "highly likely"), (56, "likely"), (46, "even"),
-    (31, "unlikely"), (16, "highly unlikely"), (1, "remote"),
-]
+import json
+from functools import lru_cache
+from pathlib import Path
+
+# credence.py -> rootcause -> scripts -> rl-consistency-analysis -> the skills folder
+SCALE_FILE = Path(__file__).resolve().parents[3] / "ml-debug" / "scripts" / "credence_scale.json"
+
+
+class CredenceError(Exception):
+    """The ml-debug skill's credence scale is missing or unreadable (exit 2)."""
+
+
+@lru_cache(maxsize=None)
+def scale(path: Path = SCALE_FILE) -> tuple[tuple[int, str], ...]:
+    """(lowest percent, word) pairs, highest range first."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        rows = sorted(((int(d["low"]), str(d["word"])) for d in doc["scale"]), reverse=True)
+    except OSError as exc:
+        raise CredenceError(f"{path}: cannot read the credence scale ({exc.strerror}); the ml-debug skill "
+                            f"folder must sit next to rl-consistency-analysis/") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CredenceError(f"{path}: not a credence scale ({type(exc).__name__}: {exc})") from None
+    return tuple(rows)
 
 
 def clamp(x: float) -> float:
@@ -15,7 +40,5 @@ def clamp(x: float) -> float:
 def word(confidence: float) -> str:
     """Credence word for a confidence between 0 and 1."""
     pct = round(confidence * 100)
-    for low, w in SCALE:
-        if pct >= low:
-            return w
-    return "remote"
+    rows = scale()
+    return next((w for low, w in rows if pct >= low), rows[-1][1])

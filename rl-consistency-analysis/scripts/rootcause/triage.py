@@ -28,10 +28,6 @@ class Triage:
     precision: dict = field(default_factory=dict)
 
 
-def _is_diverged(m: dict) -> bool:
-    return m["output_status"] in DIVERGED or m["parameter_status"] in DIVERGED
-
-
 def candidates(ev: Evidence) -> list[dict]:
     """Rule 1: module_priority_rank 1 and 2, in execution order (all of them, not the first)."""
     return [m for m in ev.modules if m["module_priority_rank"] in (1, 2)]

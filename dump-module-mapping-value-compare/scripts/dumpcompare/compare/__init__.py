@@ -15,7 +15,7 @@ from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import params as P
 from . import tensors as T
-from .layout import interleave_parts, match_grouped_qkv, size_relation, trim_padding
+from .layout import interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from . import sources
 from .logprob import LOGITS_POINT, TOKENS_POINT, LogProbs, token_ids
 from .sources import Blocks, Leafsrc, block_ranges
@@ -70,7 +70,7 @@ class Result:
 def load_tolerances(user_file: str | None = None) -> dict:
     """Built-in tolerances, with a user YAML merged over them (safe loader only)."""
     tol = builtin(_TOL_FILE)
-    return merge(tol, read_user_yaml(user_file, "tolerances")) if user_file else tol
+    return merge(tol, read_user_yaml(user_file, "tolerances", like=tol)) if user_file else tol
 
 
 def dtype_key(dtype: str | None) -> str:
@@ -425,6 +425,21 @@ class Executor:
             for b in sides:
                 b.release()
 
+    def _head_geometry(self, plan) -> tuple[int | None, int | None]:
+        """(head_dim, q heads per k head) from the leaves the plan names, None where unknown."""
+        head_dim, heads = None, {}
+        for what, side, c in plan.heads:
+            lf = (self.t if side == "train" else self.r).leaves[c.rec].get(c.leaf)
+            shape = [d for d in (lf.shape or ()) if d != 1] if lf is not None else []
+            if what == "norm" and len(shape) == 1:
+                head_dim = head_dim or shape[0]
+            elif what != "norm" and len(shape) >= 3:     # [tokens, (batch,) heads, head_dim]
+                head_dim = head_dim or shape[-1]
+                heads[what] = shape[-2]
+        q, k = heads.get("q"), heads.get("k")
+        per_group = q // k if q and k and q % k == 0 else None
+        return head_dim, per_group
+
     def _multiset(self, plan, tensors, elt, tl, rl) -> bool | None:
         """Same values in another order? Needs whole tensors: skipped (None) for very large ones."""
         if max(sum(x.size for x in side) for side in tensors) > MULTISET_MAX_ELEMENTS:
@@ -470,12 +485,16 @@ class Executor:
             grouped_is_train = plan.train_layout == GROUPED
             standard, parts = (r, rarrs) if grouped_is_train else (t, tarrs)
             sizes = ([p.shape[cat_axis] for p in parts[:2]] if len(parts) == 3 else [None, None])
-            found = match_grouped_qkv(standard, t if grouped_is_train else r, cat_axis,
-                                      elt["rtol"], elt["atol"], *sizes)
-            if found is not None:
-                regrouped, head = found
-                t, r = (t, regrouped) if grouped_is_train else (regrouped, r)
-                return t, r, f"parts regrouped to the Megatron per-group qkv layout (head_dim={head})"
+            head_dim, per_group = self._head_geometry(plan)
+            split = qkv_split(standard.shape[cat_axis], *sizes, head_dim, per_group)
+            if split is None:
+                raise ValueError(f"{GROUPED}: cannot regroup qkv, the dump does not show the head size "
+                                 f"(no attention-kernel q/k inputs or q/k norm weights in layer "
+                                 f"{plan.point.split('.')[0]}) or it does not divide the {standard.shape[cat_axis]} rows")
+            regrouped = regroup_qkv(standard, cat_axis, split)
+            t, r = (t, regrouped) if grouped_is_train else (regrouped, r)
+            return t, r, (f"parts regrouped to the Megatron per-group qkv layout (head_dim={head_dim}, "
+                          f"{split[2]} query groups)")
         fam_t = "vllm" if plan.axis == "features" else self.t.family
         fam_r = "vllm" if plan.axis == "features" else self.r.family
         return T.align(t, r, fam_t, fam_r, plan.axis)

@@ -8,7 +8,6 @@ import numpy as np
 VOCAB_POINTS = {"M.embed.weight", "M.lm_head.weight", "M.logits", "M.logits_last"}
 _MAX_PAD = 1024
 _MAX_SHARDS = 256
-_MAX_LAYOUT_TRIES = 256
 
 
 def _squeeze(shape) -> tuple[int, ...]:
@@ -58,35 +57,27 @@ def interleave_parts(parts: list[np.ndarray], groups: int, axis: int) -> np.ndar
     return np.moveaxis(out, 0, axis)
 
 
-def _splits(total: int, q_rows: int | None, kv_rows: int | None):
-    """Candidate (q_rows, kv_rows, groups) for a fused qkv of ``total`` rows."""
-    if q_rows is not None and kv_rows is not None:
-        kvs = [kv_rows]
-    else:
-        kvs = [d for d in range(1, total // 3 + 1) if total % d == 0 and total // d - 2 >= 1]
-    for kv in kvs:
-        q = total - 2 * kv if q_rows is None else q_rows
-        for groups in range(1, kv + 1):
-            if kv % groups == 0 and q % groups == 0:
-                yield q, kv, groups
+def qkv_split(total: int, q_rows: int | None, kv_rows: int | None, head_dim: int | None,
+              heads_per_group: int | None) -> tuple[int, int, int] | None:
+    """(q rows, rows of k and of v, query groups) of a fused qkv of ``total`` rows, or None.
 
-
-def match_grouped_qkv(standard: np.ndarray, grouped: np.ndarray, axis: int, rtol: float, atol: float,
-                      q_rows: int | None = None, kv_rows: int | None = None):
-    """Find the per-group layout that turns ``standard`` ([q; k; v]) into ``grouped``.
-
-    Returns (regrouped standard, head size) when some split reproduces ``grouped`` within the
-    element tolerance, else None: a fused weight in another order than any grouping explains
-    is a real permutation, not a layout difference.
+    Megatron packs each query group as its ``heads_per_group`` q heads, then one k and one v
+    head, all ``head_dim`` wide, so the groups follow from the head size: from the q/k/v part
+    sizes of the other side when it has them, else from the number of q heads per k head.
     """
-    total = standard.shape[axis]
-    if grouped.shape != standard.shape:
+    if not head_dim or total % head_dim:
         return None
-    for n, (q, kv, groups) in enumerate(_splits(total, q_rows, kv_rows)):
-        if n >= _MAX_LAYOUT_TRIES:
-            break
-        parts = np.split(standard, [q, q + kv], axis=axis)
-        rg = interleave_parts(parts, groups, axis)
-        if np.allclose(rg, grouped, rtol=rtol, atol=atol, equal_nan=True):
-            return rg, kv // groups
-    return None
+    if q_rows is None or kv_rows is None:
+        if not heads_per_group or (total // head_dim) % (heads_per_group + 2):
+            return None
+        groups = total // head_dim // (heads_per_group + 2)
+        q_rows, kv_rows = groups * heads_per_group * head_dim, groups * head_dim
+    if q_rows + 2 * kv_rows != total or kv_rows % head_dim or q_rows % kv_rows:
+        return None
+    return q_rows, kv_rows, kv_rows // head_dim
+
+
+def regroup_qkv(standard: np.ndarray, axis: int, split: tuple[int, int, int]) -> np.ndarray:
+    """Lay a [q; k; v] tensor out in Megatron's per-group order (``split`` from :func:`qkv_split`)."""
+    q, kv, groups = split
+    return interleave_parts(np.split(standard, [q, q + kv], axis=axis), groups, axis)

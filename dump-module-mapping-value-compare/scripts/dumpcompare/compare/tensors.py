@@ -74,9 +74,6 @@ class Metrics:
         self.nd = float(np.hypot(self.nd, nd))
         self.dot += float(np.einsum("i,i->", t.ravel(), r.ravel()))
         bad = ad > self.atol + self.rtol * at
-        if np.isnan(nd):
-            # NaN on one side only is an element past tolerance; NaN on both is not.
-            bad |= np.isnan(t) != np.isnan(r)
         if bad.any():
             rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim >= 2 else bad
             first = row0 + int(np.argmax(rows))
@@ -125,13 +122,6 @@ def compact(values: np.ndarray, limit: int = PER_TOKEN_MAX) -> dict:
     return {"tokens": n, "bucket": bucket, "values": [float(f"{v:.3g}") for v in values.tolist()]}
 
 
-def metrics(t: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> dict:
-    """Metrics of two whole aligned tensors (see :class:`Metrics`)."""
-    m = Metrics(rtol, atol)
-    m.add(t, r)
-    return m.result()
-
-
 class Moments:
     """Max, Min, Mean and Norm of a tensor accumulated block by block (as msprobe computes them)."""
 
@@ -164,10 +154,3 @@ def same_multiset(t: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> boo
         return False
     a, b = np.sort(t.ravel()), np.sort(r.ravel())
     return bool(np.all(np.abs(a - b) <= atol + rtol * np.abs(a)))
-
-
-def stats_of(a: np.ndarray) -> tuple[float, float, float, float]:
-    """Max, Min, Mean, Norm of an array (as msprobe computes them)."""
-    m = Moments()
-    m.add(a)
-    return m.result()

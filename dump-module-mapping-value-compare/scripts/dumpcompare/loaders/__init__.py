@@ -6,17 +6,11 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..records import Dump, Entry
-from .discovery import resolve_dump_file
 from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
-
-
-def load_side(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Dump:
-    """Load one side's dump from a file or folder argument (see ``resolve_dump_file``)."""
-    return load_path(resolve_dump_file(arg, side, step, rank))
 
 
 def load_path(path: Path, fold: bool = True) -> Dump:

@@ -22,6 +22,9 @@ from ..records import Salvage
 
 _CHUNK = 8 << 20
 _WS = " \t\n\r"
+# Longest unfinished token the scanner reports away from its own start ("-Infinity", "\\uXXXX",
+# a number's dangling "e-"), with room to spare.
+_TOKEN_TAIL = 16
 _decoder = json.JSONDecoder()
 
 
@@ -35,6 +38,14 @@ class StreamState:
 
 class _Incomplete(Exception):
     """The buffer ended inside a token; more text is needed (or the file is truncated)."""
+
+
+class _Damaged(Exception):
+    """Invalid JSON before the end of the file (corruption, not truncation)."""
+
+    def __init__(self, msg: str, byte_offset: int):
+        super().__init__(msg)
+        self.byte_offset = byte_offset
 
 
 class _Buffer:
@@ -63,7 +74,7 @@ class _Buffer:
         return True
 
     def byte_offset(self) -> int:
-        return self.dropped_bytes + len(self.text[: self.pos].encode("utf-8", "surrogatepass"))
+        return self.offset_of(self.pos)
 
     def skip_ws(self) -> str:
         """Skip white space and return the next character ('' at end of file)."""
@@ -93,19 +104,32 @@ class _Buffer:
             try:
                 obj, end = _decoder.raw_decode(self.text, self.pos)
             except json.JSONDecodeError as exc:
-                # A value cut by the window end looks like a syntax error near the end;
-                # anything else is real damage, but both are retried until EOF so a
-                # single check covers them.
+                if not _cut_by_window_end(exc, len(self.text)):
+                    # The bad character is inside the window: more text cannot mend it.
+                    raise _Damaged(exc.msg, self.offset_of(exc.pos)) from None
                 if self.fill():
                     continue
-                if self.eof:
-                    raise _Incomplete() from exc
-                raise
+                raise _Incomplete() from exc
             # A number at the very end of the window may continue in the next chunk.
             if end == len(self.text) and not self.eof and self.fill():
                 continue
             self.pos = end
             return obj
+
+    def offset_of(self, index: int) -> int:
+        """Byte offset in the file of character ``index`` of the window."""
+        return self.dropped_bytes + len(self.text[:index].encode("utf-8", "surrogatepass"))
+
+
+def _cut_by_window_end(exc: json.JSONDecodeError, n: int) -> bool:
+    """True when a decode error may come from the window ending inside a value.
+
+    The C scanner reports an unfinished string at the string's start, and any other unfinished
+    token (a literal such as ``-Infinity``, a number, a ``\\uXXXX`` escape) within a few
+    characters of the end; an error earlier than that points at a character that is really
+    there, which no amount of further text can make valid.
+    """
+    return exc.msg.startswith("Unterminated string") or exc.pos >= n - _TOKEN_TAIL
 
 
 def iter_entries(path: Path, state: StreamState) -> Iterator[tuple[str, Any]]:
@@ -166,22 +190,23 @@ def iter_entries(path: Path, state: StreamState) -> Iterator[tuple[str, Any]]:
                     count += 1
         except InputError:
             raise
-        except (_Incomplete, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        except (_Incomplete, _Damaged, ValueError, UnicodeDecodeError, RecursionError) as exc:
             if not state.saw_data:
                 raise InputError(f"{path}: not a readable dump: {_describe(exc)} before the "
                                  f"'data' object (byte {buf.byte_offset()})") from None
             if not in_data and count:
                 # Damage after the data object closed costs nothing but the trailing header.
                 return
-            state.salvage = Salvage(byte_offset=buf.byte_offset(), last_complete_key=last_key,
+            where = exc.byte_offset if isinstance(exc, _Damaged) else buf.byte_offset()
+            state.salvage = Salvage(byte_offset=where, last_complete_key=last_key,
                                     entries_recovered=count, reason=_describe(exc))
 
 
 def _describe(exc: Exception) -> str:
     if isinstance(exc, _Incomplete):
         return "file ends in the middle of a value (truncated)"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"invalid JSON ({exc.msg})"
+    if isinstance(exc, _Damaged):
+        return f"damaged, not truncated: invalid JSON ({exc}) at byte {exc.byte_offset}, before the end of the file"
     if isinstance(exc, RecursionError):
         return "JSON nested too deeply"
     return str(exc) or type(exc).__name__

@@ -129,8 +129,3 @@ def build_entry(key: str, value: Any, order: int) -> Entry | None:
                 flatten(f"parameters.{k}", sub, leaves)
     entry.leaves = leaves
     return entry
-
-
-def is_finite(x: float | None) -> bool:
-    """True for a real, finite number."""
-    return x is not None and math.isfinite(x)

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..userconfig import builtin, merge, read_user_yaml
+from ..userconfig import builtin, check_regex, merge, read_user_yaml
 from ..records import FORWARD, Dump, Entry
 
 _BUILTIN = Path(__file__).with_name("profiles.yaml")
@@ -61,10 +61,46 @@ class ModuleRecord:
         return f"path:{self.path}"
 
 
+# Where a profile holds regular expressions ("*": every item or key), and the capturing groups
+# each needs; checked when a user file is read so that a bad pattern is an input error.
+_REGEX_KEYS = (
+    (("layer_regex",), 1),
+    (("roles", "*", "local", "*"), 0), (("roles", "*", "model", "*"), 0),
+    (("ports", "*", "*", "*", "when", "class"), 0),
+    (("aliases", "*", "*", "if_role_class", "*"), 0),
+    (("by_design_differences", "*", "classes", "*"), 0),
+    (("tensor_parallel", "overrides", "*", "module"), 0), (("tensor_parallel", "overrides", "*", "leaf"), 0),
+)
+
+
 def load_profiles(user_file: str | None = None) -> dict:
-    """Built-in profiles merged with an optional user YAML file (read with a safe loader)."""
+    """Built-in profiles merged with an optional user YAML file (read with a safe loader).
+
+    The user file must have the shape of the built-in one and valid regular expressions;
+    otherwise InputError names the file and the key.
+    """
     prof = builtin(_BUILTIN)
-    return merge(prof, read_user_yaml(user_file, "naming profile")) if user_file else prof
+    if not user_file:
+        return prof
+    user = read_user_yaml(user_file, "naming profile", like=prof)
+    for keys, groups in _REGEX_KEYS:
+        for where, pattern in _at_keys(user, keys, ""):
+            check_regex(user_file, "naming profile", where, pattern, groups)
+    return merge(prof, user)
+
+
+def _at_keys(doc, keys: tuple, where: str):
+    """(dotted key, value) for every value of ``doc`` found along ``keys``."""
+    if not keys:
+        yield where, doc
+        return
+    head, rest = keys[0], keys[1:]
+    if head == "*":
+        items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+        for k, v in items:
+            yield from _at_keys(v, rest, f"{where}[{k}]" if isinstance(doc, list) else f"{where}.{k}")
+    elif isinstance(doc, dict) and head in doc:
+        yield from _at_keys(doc[head], rest, f"{where}.{head}" if where else head)
 
 
 class Namer:
