@@ -46,8 +46,6 @@ Public API:
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -75,12 +73,28 @@ class Layout:
         return self.tp * self.pp
 
 
+def hf_config():
+    """The tiny Llama config as a ``transformers.LlamaConfig``."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**HF_CONFIG)
+
+
 def make_hf_llama(seed: int = 0):
-    """The tiny HF Llama every Megatron case converts from (fp32, eval, weights from ``seed``)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The tiny HF Llama every Megatron case converts from (fp32, eval, weights from ``seed``).
+
+    Weights are redrawn with std 0.1 (the default 0.02 leaves activations near 1e-3 after two
+    layers) and norm weights around 1, so that a wrong norm weight shows too.
+    """
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**HF_CONFIG)).eval()
+    model = LlamaForCausalLM(hf_config()).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_((1.0 if "norm" in name else 0.0) + 0.1 * torch.randn(p.shape, generator=gen))
+    return model
 
 
 @contextlib.contextmanager
@@ -194,7 +208,8 @@ def _transformer_config(layout: Layout, cfg):
         batch_p2p_comm=False)
 
 
-def _init_parallel(layout: Layout) -> None:
+def init_parallel(layout: Layout) -> None:
+    """Megatron's parallel state on the already initialised gloo world (TP inner, PP outer)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
@@ -203,42 +218,41 @@ def _init_parallel(layout: Layout) -> None:
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
-def build_stage(layout: Layout, hf_model, qkv_order="interleaved", faults=()):
-    """The GPTModel of this process's rank, loaded from ``hf_model``.
+def stage_layers(layout: Layout) -> range:
+    """The global layer numbers this process's pipeline stage holds."""
+    from megatron.core import parallel_state
 
-    ``faults`` are callables ``fault(model, layout)`` applied to the loaded Megatron model (a
-    wrong weight on the train side is a wrong Megatron parameter, whatever checkpoint it came from).
-    """
+    per_stage = HF_CONFIG["num_hidden_layers"] // layout.pp
+    first = parallel_state.get_pipeline_model_parallel_rank() * per_stage
+    return range(first, first + per_stage)
+
+
+def build_stage(layout: Layout, hf_state, qkv_order="interleaved"):
+    """The GPTModel of this process's rank (eval mode), loaded from the HF state dict."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     cfg = HF_CONFIG
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    per_stage = cfg["num_hidden_layers"] // layout.pp
     pre, post = pp_rank == 0, pp_rank == layout.pp - 1
     with cpu_device():
-        model = GPTModel(_transformer_config(layout, cfg),
-                         _layer_spec(layout, cfg),
+        model = GPTModel(_transformer_config(layout, cfg), _layer_spec(layout, cfg),
                          vocab_size=cfg["vocab_size"],
                          max_sequence_length=cfg["max_position_embeddings"],
                          pre_process=pre, post_process=post,
                          share_embeddings_and_output_weights=False,
                          position_embedding_type="rope", rotary_base=int(cfg["rope_theta"]))
-    state = convert(model_state(hf_model), cfg, tp_rank, layout.tp,
-                    range(pp_rank * per_stage, (pp_rank + 1) * per_stage), pre, post, qkv_order)
+    state = convert(hf_state, cfg, parallel_state.get_tensor_model_parallel_rank(), layout.tp,
+                    stage_layers(layout), pre, post, qkv_order)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
         raise RuntimeError(f"conversion mismatch: missing {missing}, unexpected {unexpected}")
-    model.eval()
-    for fault in faults:
-        fault(model, layout)
-    return model
+    return model.eval()
 
 
 def model_state(hf_model):
-    """A detached copy of an HF model's state dict (fp32)."""
+    """A detached fp32 copy of an HF model's state dict."""
     return {k: v.detach().clone().float() for k, v in hf_model.state_dict().items()}
 
 
@@ -287,28 +301,79 @@ def gather_logits(layout: Layout, logits):
     return torch.cat(parts, dim=-1)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def global_name(name: str, layers: range) -> str:
+    """A stage-local module name with its layer index made global (``decoder.layers.0`` of the
+    second stage is layer ``len(layers)`` of the model)."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[:2] == ["decoder", "layers"]:
+        parts[2] = str(layers[int(parts[2])])
+    return ".".join(parts)
 
 
-def _worker(rank, layout, port, fn, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=layout.world)
+def train_rank(layout, task, qkv_order, state, clean_state, ids, out, scratch, tolerance=1e-5):
+    """``msprobe_run.run_ranks`` target: one rank of the Megatron train forward under msprobe.
+
+    Checks first that the clean conversion reproduces the HF logits (``tolerance``, fp32), then
+    dumps the forward of ``state`` converted with ``qkv_order`` into ``out`` and saves every
+    module's output (global names) of that run and of the clean one to
+    ``scratch/train_rank<r>.pt`` for measuring.
+    """
+    from pathlib import Path
+
+    from transformers import LlamaForCausalLM
+
+    from . import msprobe_run
+    from .capture import Capture
+
+    init_parallel(layout)
     try:
-        _init_parallel(layout)
-        fn(layout, *args)
+        rank = torch.distributed.get_rank()
+        layers = stage_layers(layout)
+        clean = build_stage(layout, clean_state)
+        cap = Capture(clean)
+        logits = stage_forward(layout, clean, ids)
+        caps = {"clean": {global_name(k, layers): v for k, v in cap.stop().items()}}
+        if logits is not None:
+            full = gather_logits(layout, logits)
+            hf = LlamaForCausalLM(hf_config()).eval()
+            hf.load_state_dict(clean_state)
+            with torch.no_grad():
+                err = float((full - hf(input_ids=ids).logits).abs().max())
+            if err > tolerance:
+                raise RuntimeError(f"rank {rank}: GPTModel logits differ from HF by {err:.3g}")
+        model = build_stage(layout, state, qkv_order)
+        probe = msprobe_run.Probe(out, task)
+        cap = Capture(model)
+        probe.forward(model, lambda: stage_forward(layout, model, ids))
+        caps["dumped"] = {global_name(k, layers): v for k, v in cap.stop().items()}
+        torch.save(caps, Path(scratch) / f"train_rank{rank}.pt")
     finally:
         from megatron.core import parallel_state
 
         parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
-def run_ranks(layout: Layout, fn, *args) -> None:
-    """Run ``fn(layout, *args)`` in ``layout.world`` processes joined over gloo (also for 1 rank,
-    so that every case sees the same process setup).  ``fn`` must be a module-level function."""
-    import torch.multiprocessing as mp
+def rollout_rank(task, state, clean_state, prompt, out, scratch):
+    """``msprobe_run.run_ranks`` target: one rank of a vllm_like prefill of ``prompt`` under
+    msprobe (``step0``); module outputs of that run and of a clean one go to
+    ``scratch/rollout_rank<r>.pt``."""
+    from pathlib import Path
 
-    mp.spawn(_worker, args=(layout, _free_port(), fn, args), nprocs=layout.world, join=True)
+    from . import dist, msprobe_run, vllm_like
+    from .capture import Capture
+
+    def build(weights):
+        model = vllm_like.build(hf_config())
+        model.load_weights(weights)
+        return model
+
+    model = build(state)
+    probe = msprobe_run.Probe(out, task)
+    cap = Capture(model)
+    vllm_like.generate(model, prompt, 1, probe.step_scope(model))
+    caps = {"dumped": cap.stop()}
+    clean = build(clean_state)
+    cap = Capture(clean)
+    vllm_like.generate(clean, prompt, 1)
+    caps["clean"] = cap.stop()
+    torch.save(caps, Path(scratch) / f"rollout_rank{dist.rank()}.pt")

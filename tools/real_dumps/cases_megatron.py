@@ -1,0 +1,232 @@
+"""Megatron-core train side against a vllm_like rollout of the same HF weights: the cases.
+
+Every case converts one tiny HF Llama (``megatron_side.make_hf_llama``) twice: into a megatron-core
+``GPTModel`` in the case's layout (train, one msprobe step, ``[s, b, h]``) and into the vLLM-shaped
+model (rollout, prefill of the same 8 prompt tokens as ``step0``).  A fault changes one side only.
+
+Public API:
+    MegatronCase            dataclass: name, layout (megatron_side.Layout), rollout_tp, task, fault
+    CASES                   name -> MegatronCase, in generation order
+    make_case(case, root) -> dict   writes root/<name>/{train,rollout}/ and case.json, returns the doc
+
+case.json follows the corpus schema (cases.describe): ``expected`` is derived from the injected
+fault and checked against the activations: the faulty module's output must move by more than
+``MIN_RATIO`` times the largest clean train-vs-rollout difference at modules both engines compute
+identically.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .megatron_side import HF_CONFIG, Layout
+
+MIN_RATIO = 10.0
+PROMPT_LEN = 8
+WEIGHT_CATEGORY = "parameter_or_checkpoint_issue"
+
+# Megatron module -> the vLLM module that outputs the same tensor (same shape once the batch dim
+# is flattened, TP outputs all-reduced on both sides); used to measure the noise of a clean pair.
+_ALIGNED = {"embedding": "model.embed_tokens", "decoder.final_layernorm": "model.norm"}
+_ALIGNED_LAYER = {"input_layernorm": "input_layernorm", "pre_mlp_layernorm": "post_attention_layernorm",
+                  "self_attention.linear_proj": "self_attn.o_proj", "mlp.linear_fc2": "mlp.down_proj"}
+
+
+@dataclass(frozen=True)
+class MegatronCase:
+    name: str
+    layout: Layout = Layout()
+    rollout_tp: int = 1
+    task: str = "statistics"
+    fault: dict | None = None
+
+    @property
+    def qkv_order(self) -> str:
+        return "plain" if self.fault and self.fault["kind"] == "qkv_order" else "interleaved"
+
+
+def _fault(side, kind, target, detail, train, rollout, params=(), **extra):
+    """A fault as case.json shows it; ``train``/``rollout`` are the modules a right answer names."""
+    return {"side": side, "kind": kind, "target": target, "rank": None, "detail": detail,
+            "params": list(params), "train_modules": train, "rollout_modules": rollout, **extra}
+
+
+_FC1_STALE = _fault(
+    "train", "stale_weight", "decoder.layers.1.mlp.linear_fc1",
+    "train side loaded layer 1 gate_proj and up_proj (fused into linear_fc1) from an older step",
+    ["decoder.layers.1.mlp.linear_fc1"], ["model.layers.1.mlp.gate_up_proj"],
+    params=("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight"))
+_O_PROJ_STALE = _fault(
+    "rollout", "stale_weight", "model.layers.0.self_attn.o_proj",
+    "rollout kept layer 0 o_proj.weight of the previous step (weight sync missed it)",
+    ["decoder.layers.0.self_attention.linear_proj"], ["model.layers.0.self_attn.o_proj"],
+    params=("model.layers.0.self_attn.o_proj.weight",))
+# The dumps show which side: the train weight equals the rollout's [q; k; v] row for row, which
+# Megatron's per-group split reads as the wrong heads.
+_QKV_PLAIN = _fault(
+    "train", "qkv_order", "decoder.layers.0.self_attention.linear_qkv",
+    "HF->Megatron conversion stacked q, k, v as [q; k; v] instead of Megatron's per-query-group "
+    "[q_g; k_g; v_g] (every layer; layer 0 is the first to diverge)",
+    ["decoder.layers.0.self_attention.linear_qkv"], ["model.layers.0.self_attn.qkv_proj"],
+    side_shown=True)
+
+_TP2, _SP, _PP2 = Layout(tp=2), Layout(tp=2, sp=True), Layout(pp=2)
+
+CASES = {c.name: c for c in [
+    MegatronCase("megatron_tp1_clean"),
+    MegatronCase("megatron_tp2_clean", _TP2, rollout_tp=2),
+    MegatronCase("megatron_tp2_clean_rollout_tp1", _TP2),
+    MegatronCase("megatron_tp2_sp_clean", _SP, rollout_tp=2),
+    MegatronCase("megatron_pp2_clean", _PP2),
+    MegatronCase("megatron_tp1_fc1_stale_train", fault=_FC1_STALE),
+    MegatronCase("megatron_tp1_o_proj_stale_rollout", fault=_O_PROJ_STALE),
+    MegatronCase("megatron_tp1_qkv_plain_order", fault=_QKV_PLAIN),
+    MegatronCase("megatron_tp1_tensor_clean", task="tensor"),
+    MegatronCase("megatron_tp2_tensor_fc1_stale_train", _TP2, rollout_tp=2, task="tensor", fault=_FC1_STALE),
+    MegatronCase("megatron_tp1_tensor_qkv_plain_order", task="tensor", fault=_QKV_PLAIN),
+]}
+
+
+def _stale(state, names, seed=5):
+    """A copy of ``state`` whose ``names`` hold an older step's weight (minus a seeded update of
+    half the weight's std)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = dict(state)
+    for name in names:
+        w = state[name]
+        out[name] = w - 0.5 * w.std() * torch.randn(w.shape, generator=gen)
+    return out
+
+
+def _states(case, clean):
+    """(train state, rollout state) of a case: the clean HF weights, but for the faulty side."""
+    f = case.fault
+    if f is None or f["kind"] != "stale_weight":
+        return clean, clean
+    bad = _stale(clean, f["params"])
+    return (bad, clean) if f["side"] == "train" else (clean, bad)
+
+
+def _aligned(layers):
+    out = dict(_ALIGNED)
+    for i in range(layers):
+        for mg, vl in _ALIGNED_LAYER.items():
+            out[f"decoder.layers.{i}.{mg}"] = f"model.layers.{i}.{vl}"
+    return out
+
+
+def _rel(a, b):
+    import torch
+
+    return float(torch.linalg.norm(a - b) / max(float(torch.linalg.norm(b)), 1e-30))
+
+
+def _load_ranks(scratch, side, n, run):
+    import torch
+
+    out = {}
+    for r in range(n):  # pipeline stages hold different layers; TP ranks the same names (rank 0 wins)
+        for name, t in torch.load(Path(scratch) / f"{side}_rank{r}.pt")[run].items():
+            out.setdefault(name, t)
+    return out
+
+
+def measure(case, scratch):
+    """Signal of the fault at its module and the clean train-vs-rollout noise (rank 0 tensors)."""
+    world = case.layout.world
+    train = _load_ranks(scratch, "train", world, "clean")
+    rollout = _load_ranks(scratch, "rollout", case.rollout_tp, "clean")
+    noise, where = 0.0, None
+    for mg, vl in _aligned(HF_CONFIG["num_hidden_layers"]).items():
+        t, r = train.get(mg), rollout.get(vl)
+        if t is None or r is None:
+            continue
+        t = t.reshape(-1, t.shape[-1])
+        if t.shape != r.shape:  # a sequence-parallel shard: not the same tensor
+            continue
+        e = _rel(t, r)
+        if e >= noise:
+            noise, where = e, mg
+    out = {"noise": noise, "noise_module": where}
+    f = case.fault
+    if f is None:
+        return out
+    side, n = ("train", world) if f["side"] == "train" else ("rollout", case.rollout_tp)
+    faulty = _load_ranks(scratch, side, n, "dumped")[f["target"]]
+    clean = _load_ranks(scratch, side, n, "clean")[f["target"]]
+    signal = _rel(faulty, clean)
+    return {**out, "module": f["target"], "rel_error": signal,
+            "ratio": signal / noise if noise else float("inf")}
+
+
+def _expected(case, measured):
+    f = case.fault
+    if f is None:
+        return {"verdict": "clean", "category": None, "side": None, "train_modules": None,
+                "rollout_modules": None, "layer": None}
+    if measured["ratio"] < MIN_RATIO:
+        raise ValueError(f"{case.name}: the fault moves {f['target']} by only {measured['ratio']:.1f}x "
+                         f"the engine noise; make it larger")
+    layer = int(f["target"].split("layers.")[1].split(".")[0])
+    return {"verdict": "root_cause_found", "category": WEIGHT_CATEGORY,
+            "side": f["side"] if f.get("side_shown") else None,
+            "train_modules": f["train_modules"], "rollout_modules": f["rollout_modules"], "layer": layer}
+
+
+def describe(case, measured):
+    """The case.json document (corpus schema 1)."""
+    lay = case.layout
+    f = case.fault
+    public = None if f is None else {k: f[k] for k in ("side", "kind", "target", "rank", "detail")}
+    return {
+        "schema": 1, "case": case.name, "family": "llama", "mode": case.task,
+        "dtype": {"train": "fp32", "rollout": "fp32"},
+        "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "sequence_parallel": lay.sp,
+                  "layout": "megatron",
+                  "notes": "GPTModel, local layer spec, one forward of the prompt ([s, b, h]); "
+                           "rank r = pp_rank * tp + tp_rank"},
+        "rollout": {"engine": "vllm_like", "tp": case.rollout_tp, "steps": 1,
+                    "notes": "prefill only (step0)"},
+        "fault": public,
+        "expected": _expected(case, measured),
+        "measured": measured,
+    }
+
+
+def _round(x):
+    if isinstance(x, float):
+        return float(f"{x:.4g}") if math.isfinite(x) else str(x)
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    return x
+
+
+def make_case(case, root):
+    """Write ``root/<case.name>/`` (train/, rollout/, case.json); returns the case.json document."""
+    import torch
+
+    from . import megatron_side, msprobe_run
+
+    dest = Path(root) / case.name
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    clean = megatron_side.model_state(megatron_side.make_hf_llama())
+    train_state, rollout_state = _states(case, clean)
+    prompt = torch.randint(3, HF_CONFIG["vocab_size"], (PROMPT_LEN,),
+                           generator=torch.Generator().manual_seed(42))
+    with tempfile.TemporaryDirectory() as scratch:
+        msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.task, rollout_state,
+                              clean, prompt.tolist(), str(dest / "rollout"), scratch)
+        msprobe_run.run_ranks(megatron_side.train_rank, case.layout.world, case.layout, case.task,
+                              case.qkv_order, train_state, clean, prompt[None], str(dest / "train"),
+                              scratch)
+        doc = _round(describe(case, measure(case, scratch)))
+    (dest / "case.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
