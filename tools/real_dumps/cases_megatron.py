@@ -230,3 +230,27 @@ def make_case(case, root):
         doc = _round(describe(case, measure(case, scratch)))
     (dest / "case.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
+
+
+def main(argv=None):
+    """Make the Megatron cases (``cd tools && python -m real_dumps.cases_megatron``) until the
+    corpus driver (tools/make_real_dumps.py) picks them up itself."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write the megatron-core cases of the real corpus")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests" / "data" / "real",
+                    help="corpus root (default tests/data/real)")
+    ap.add_argument("--only", action="append", choices=list(CASES), metavar="CASE",
+                    help="make only this case (repeatable)")
+    args = ap.parse_args(argv)
+    import megatron.core  # noqa: F401  imported before forking so that every rank starts warm
+    import msprobe.pytorch  # noqa: F401
+    import transformers  # noqa: F401
+    for name in args.only or list(CASES):
+        doc = make_case(CASES[name], args.out)
+        print(f"{name}: {doc['expected']['verdict']} {doc['measured']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
