@@ -5,7 +5,8 @@ Every case converts one tiny HF Llama (``megatron_side.make_hf_llama``) twice: i
 model (rollout, prefill of the same 8 prompt tokens as ``step0``).  A fault changes one side only.
 
 Public API:
-    MegatronCase            dataclass: name, layout (megatron_side.Layout), rollout_tp, task, fault
+    MegatronCase            dataclass: name, layout (megatron_side.Layout), rollout_tp, mode
+                            (statistics, tensor or md5), fault
     CASES                   name -> MegatronCase, in generation order
     make_case(case, root) -> dict   writes root/<name>/{train,rollout}/ and case.json, returns the doc
 
@@ -23,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .megatron_side import HF_CONFIG, Layout
+from .megatron_side import HF_CONFIG, Conversion, Layout
 
 MIN_RATIO = 10.0
 PROMPT_LEN = 8
@@ -41,17 +42,23 @@ class MegatronCase:
     name: str
     layout: Layout = Layout()
     rollout_tp: int = 1
-    task: str = "statistics"
+    mode: str = "statistics"
     fault: dict | None = None
 
     @property
-    def qkv_order(self) -> str:
-        return "plain" if self.fault and self.fault["kind"] == "qkv_order" else "interleaved"
+    def conversion(self) -> Conversion:
+        f = self.fault or {}
+        if f.get("kind") == "qkv_order":
+            return Conversion(qkv_order="plain")
+        if f.get("kind") == "wrong_shard":
+            return Conversion(wrong_gate_shard=(f["layer"], f["rank"], f["from_rank"]))
+        return Conversion()
 
 
-def _fault(side, kind, target, detail, train, rollout, params=(), **extra):
-    """A fault as case.json shows it; ``train``/``rollout`` are the modules a right answer names."""
-    return {"side": side, "kind": kind, "target": target, "rank": None, "detail": detail,
+def _fault(side, kind, target, detail, train, rollout, params=(), rank=None, **extra):
+    """A fault as case.json shows it; ``train``/``rollout`` are the modules a right answer names
+    (global layer numbers: a pipeline stage's local ``decoder.layers.0`` may be layer 1)."""
+    return {"side": side, "kind": kind, "target": target, "rank": rank, "detail": detail,
             "params": list(params), "train_modules": train, "rollout_modules": rollout, **extra}
 
 
@@ -74,6 +81,12 @@ _QKV_PLAIN = _fault(
     ["decoder.layers.0.self_attention.linear_qkv"], ["model.layers.0.self_attn.qkv_proj"],
     side_shown=True)
 
+_FC1_WRONG_SHARD = _fault(
+    "train", "wrong_shard", "decoder.layers.1.mlp.linear_fc1",
+    "TP rank 1 loaded rank 0's gate rows into its layer 1 linear_fc1 shard",
+    ["decoder.layers.1.mlp.linear_fc1"], ["model.layers.1.mlp.gate_up_proj"], rank=1, layer=1,
+    from_rank=0)
+
 _TP2, _SP, _PP2 = Layout(tp=2), Layout(tp=2, sp=True), Layout(pp=2)
 
 CASES = {c.name: c for c in [
@@ -85,9 +98,14 @@ CASES = {c.name: c for c in [
     MegatronCase("megatron_tp1_fc1_stale_train", fault=_FC1_STALE),
     MegatronCase("megatron_tp1_o_proj_stale_rollout", fault=_O_PROJ_STALE),
     MegatronCase("megatron_tp1_qkv_plain_order", fault=_QKV_PLAIN),
-    MegatronCase("megatron_tp1_tensor_clean", task="tensor"),
-    MegatronCase("megatron_tp2_tensor_fc1_stale_train", _TP2, rollout_tp=2, task="tensor", fault=_FC1_STALE),
-    MegatronCase("megatron_tp1_tensor_qkv_plain_order", task="tensor", fault=_QKV_PLAIN),
+    MegatronCase("megatron_pp2_fc1_stale_train", _PP2, fault=_FC1_STALE),
+    MegatronCase("megatron_tp2_fc1_wrong_shard_train", _TP2, rollout_tp=2, fault=_FC1_WRONG_SHARD),
+    MegatronCase("megatron_tp1_tensor_clean", mode="tensor"),
+    MegatronCase("megatron_tp2_tensor_fc1_stale_train", _TP2, rollout_tp=2, mode="tensor", fault=_FC1_STALE),
+    MegatronCase("megatron_tp1_tensor_qkv_plain_order", mode="tensor", fault=_QKV_PLAIN),
+    MegatronCase("megatron_tp2_sp_tensor_clean", _SP, rollout_tp=2, mode="tensor"),
+    MegatronCase("megatron_tp1_md5_clean", mode="md5"),
+    MegatronCase("megatron_tp1_md5_fc1_stale_train", mode="md5", fault=_FC1_STALE),
 ]}
 
 
@@ -127,11 +145,11 @@ def _rel(a, b):
     return float(torch.linalg.norm(a - b) / max(float(torch.linalg.norm(b)), 1e-30))
 
 
-def _load_ranks(scratch, side, n, run):
+def _load_ranks(scratch, side, ranks, run):
     import torch
 
     out = {}
-    for r in range(n):  # pipeline stages hold different layers; TP ranks the same names (rank 0 wins)
+    for r in ranks:  # pipeline stages hold different layers; TP ranks the same names (first wins)
         for name, t in torch.load(Path(scratch) / f"{side}_rank{r}.pt")[run].items():
             out.setdefault(name, t)
     return out
@@ -140,8 +158,8 @@ def _load_ranks(scratch, side, n, run):
 def measure(case, scratch):
     """Signal of the fault at its module and the clean train-vs-rollout noise (rank 0 tensors)."""
     world = case.layout.world
-    train = _load_ranks(scratch, "train", world, "clean")
-    rollout = _load_ranks(scratch, "rollout", case.rollout_tp, "clean")
+    train = _load_ranks(scratch, "train", range(world), "clean")
+    rollout = _load_ranks(scratch, "rollout", range(case.rollout_tp), "clean")
     noise, where = 0.0, None
     for mg, vl in _aligned(HF_CONFIG["num_hidden_layers"]).items():
         t, r = train.get(mg), rollout.get(vl)
@@ -158,10 +176,11 @@ def measure(case, scratch):
     if f is None:
         return out
     side, n = ("train", world) if f["side"] == "train" else ("rollout", case.rollout_tp)
-    faulty = _load_ranks(scratch, side, n, "dumped")[f["target"]]
-    clean = _load_ranks(scratch, side, n, "clean")[f["target"]]
+    ranks = range(n) if f["rank"] is None else [f["rank"]]
+    faulty = _load_ranks(scratch, side, ranks, "dumped")[f["target"]]
+    clean = _load_ranks(scratch, side, ranks, "clean")[f["target"]]
     signal = _rel(faulty, clean)
-    return {**out, "module": f["target"], "rel_error": signal,
+    return {**out, "module": f["target"], "rank": f["rank"], "rel_error": signal,
             "ratio": signal / noise if noise else float("inf")}
 
 
@@ -185,7 +204,7 @@ def describe(case, measured):
     f = case.fault
     public = None if f is None else {k: f[k] for k in ("side", "kind", "target", "rank", "detail")}
     return {
-        "schema": 1, "case": case.name, "family": "llama", "mode": case.task,
+        "schema": 1, "case": case.name, "family": "llama", "mode": case.mode,
         "dtype": {"train": "fp32", "rollout": "fp32"},
         "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "sequence_parallel": lay.sp,
                   "layout": "megatron",
@@ -222,10 +241,10 @@ def make_case(case, root):
     prompt = torch.randint(3, HF_CONFIG["vocab_size"], (PROMPT_LEN,),
                            generator=torch.Generator().manual_seed(42))
     with tempfile.TemporaryDirectory() as scratch:
-        msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.task, rollout_state,
+        msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.mode, rollout_state,
                               clean, prompt.tolist(), str(dest / "rollout"), scratch)
-        msprobe_run.run_ranks(megatron_side.train_rank, case.layout.world, case.layout, case.task,
-                              case.qkv_order, train_state, clean, prompt[None], str(dest / "train"),
+        msprobe_run.run_ranks(megatron_side.train_rank, case.layout.world, case.layout, case.mode,
+                              case.conversion, train_state, clean, prompt[None], str(dest / "train"),
                               scratch)
         doc = _round(describe(case, measure(case, scratch)))
     (dest / "case.json").write_text(json.dumps(doc, indent=1) + "\n")

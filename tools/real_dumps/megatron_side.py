@@ -36,17 +36,21 @@ data iterator and add nothing a forward-only dump shows.
 Public API:
     HF_CONFIG                                  the tiny Llama config (dict for LlamaConfig)
     make_hf_llama(seed) -> LlamaForCausalLM    fp32, eval mode, fixed seed
-    convert(hf_state, hf_config, tp_rank, tp, layers, pre, post, qkv_order) -> state dict
     Layout(tp, pp, sp)                         one job layout; ``world`` = tp * pp
-    run_ranks(layout, fn, *args)               run ``fn(layout, *args)`` in tp*pp gloo processes
-    build_stage(layout, hf_model, qkv_order, faults) -> GPTModel for this process's rank
+    Conversion(qkv_order, wrong_gate_shard)    how HF weights become Megatron's (and its bugs)
+    convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion) -> state dict
+    init_parallel(layout)                      Megatron's parallel state on the gloo world
+    build_stage(layout, hf_state, conversion) -> GPTModel of this process's rank
     stage_forward(layout, model, input_ids) -> logits on the last stage (vocab shard), else None
     gather_logits(layout, logits) -> full-vocab logits [b, s, v] (TP all-gather, for checking)
+    train_rank(...), rollout_rank(...)         ``msprobe_run.run_ranks`` targets: one rank's dump
 """
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +62,19 @@ HF_CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidd
                  attn_implementation="eager")
 
 QKV_ORDERS = ("interleaved", "plain")
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How the HF weights are laid out for Megatron.
+
+    ``qkv_order="plain"`` stacks [q; k; v] (the classic conversion bug);
+    ``wrong_gate_shard=(layer, rank, from_rank)`` makes TP rank ``rank`` load the gate rows of
+    ``from_rank`` into layer ``layer``'s fc1 shard (one wrong shard on one rank).
+    """
+
+    qkv_order: str = "interleaved"
+    wrong_gate_shard: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,15 +155,16 @@ def _cols(t, tp_rank, tp):
     return t[:, tp_rank * n:(tp_rank + 1) * n]
 
 
-def convert(hf_state, cfg, tp_rank, tp, layers, pre, post, qkv_order="interleaved"):
+def convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion=Conversion()):
     """HF Llama state dict -> the local state dict of one Megatron rank.
 
     ``layers`` are the global layer numbers this pipeline stage holds; they become local indices
     0.. (Megatron numbers a stage's modules from 0).  Column-parallel weights (qkv, fc1, output
     layer, vocab embedding) keep rows of this TP rank, row-parallel ones (proj, fc2) columns.
     """
-    if qkv_order not in QKV_ORDERS:
+    if conversion.qkv_order not in QKV_ORDERS:
         raise ValueError(f"qkv_order must be one of {QKV_ORDERS}")
+    wrong = conversion.wrong_gate_shard
     out = {}
     if pre:
         out["embedding.word_embeddings.weight"] = _rows(hf_state["model.embed_tokens.weight"], tp_rank, tp)
@@ -155,12 +173,13 @@ def convert(hf_state, cfg, tp_rank, tp, layers, pre, post, qkv_order="interleave
         out[f"{dst}.input_layernorm.weight"] = hf_state[f"{src}.input_layernorm.weight"]
         out[f"{dst}.pre_mlp_layernorm.weight"] = hf_state[f"{src}.post_attention_layernorm.weight"]
         out[f"{dst}.self_attention.linear_qkv.weight"] = _rows(
-            _qkv_rows(hf_state, f"{src}.self_attn", cfg, qkv_order), tp_rank, tp)
+            _qkv_rows(hf_state, f"{src}.self_attn", cfg, conversion.qkv_order), tp_rank, tp)
         out[f"{dst}.self_attention.linear_proj.weight"] = _cols(
             hf_state[f"{src}.self_attn.o_proj.weight"], tp_rank, tp)
         # fc1 is column-parallel over a fused [gate; up]: rank r holds [gate_r; up_r]
+        gate_rank = wrong[2] if wrong and wrong[:2] == (layer, tp_rank) else tp_rank
         out[f"{dst}.mlp.linear_fc1.weight"] = torch.cat(
-            [_rows(hf_state[f"{src}.mlp.gate_proj.weight"], tp_rank, tp),
+            [_rows(hf_state[f"{src}.mlp.gate_proj.weight"], gate_rank, tp),
              _rows(hf_state[f"{src}.mlp.up_proj.weight"], tp_rank, tp)], dim=0)
         out[f"{dst}.mlp.linear_fc2.weight"] = _cols(hf_state[f"{src}.mlp.down_proj.weight"], tp_rank, tp)
     if post:
@@ -227,7 +246,7 @@ def stage_layers(layout: Layout) -> range:
     return range(first, first + per_stage)
 
 
-def build_stage(layout: Layout, hf_state, qkv_order="interleaved"):
+def build_stage(layout: Layout, hf_state, conversion=Conversion()):
     """The GPTModel of this process's rank (eval mode), loaded from the HF state dict."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -243,7 +262,7 @@ def build_stage(layout: Layout, hf_state, qkv_order="interleaved"):
                          share_embeddings_and_output_weights=False,
                          position_embedding_type="rope", rotary_base=int(cfg["rope_theta"]))
     state = convert(hf_state, cfg, parallel_state.get_tensor_model_parallel_rank(), layout.tp,
-                    stage_layers(layout), pre, post, qkv_order)
+                    stage_layers(layout), pre, post, conversion)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
@@ -310,19 +329,28 @@ def global_name(name: str, layers: range) -> str:
     return ".".join(parts)
 
 
-def train_rank(layout, task, qkv_order, state, clean_state, ids, out, scratch, tolerance=1e-5):
+def _probe(out, mode):
+    """An msprobe debugger writing into ``out`` (given to msprobe as a path relative to its
+    parent, so that dump.json's ``dump_data_dir`` does not depend on where the corpus lives)."""
+    from . import msprobe_run
+
+    out = Path(out)
+    os.chdir(out.parent)
+    task, summary = ("statistics", "md5") if mode == "md5" else (mode, "statistics")
+    return msprobe_run.Probe(out.name, task, summary)
+
+
+def train_rank(layout, mode, conversion, state, clean_state, ids, out, scratch, tolerance=1e-5):
     """``msprobe_run.run_ranks`` target: one rank of the Megatron train forward under msprobe.
 
     Checks first that the clean conversion reproduces the HF logits (``tolerance``, fp32), then
-    dumps the forward of ``state`` converted with ``qkv_order`` into ``out`` and saves every
+    dumps the forward of ``state`` converted by ``conversion`` in msprobe ``mode`` (statistics,
+    tensor or md5) into ``out`` and saves every
     module's output (global names) of that run and of the clean one to
     ``scratch/train_rank<r>.pt`` for measuring.
     """
-    from pathlib import Path
-
     from transformers import LlamaForCausalLM
 
-    from . import msprobe_run
     from .capture import Capture
 
     init_parallel(layout)
@@ -341,8 +369,8 @@ def train_rank(layout, task, qkv_order, state, clean_state, ids, out, scratch, t
                 err = float((full - hf(input_ids=ids).logits).abs().max())
             if err > tolerance:
                 raise RuntimeError(f"rank {rank}: GPTModel logits differ from HF by {err:.3g}")
-        model = build_stage(layout, state, qkv_order)
-        probe = msprobe_run.Probe(out, task)
+        model = build_stage(layout, state, conversion)
+        probe = _probe(out, mode)
         cap = Capture(model)
         probe.forward(model, lambda: stage_forward(layout, model, ids))
         caps["dumped"] = {global_name(k, layers): v for k, v in cap.stop().items()}
@@ -353,13 +381,11 @@ def train_rank(layout, task, qkv_order, state, clean_state, ids, out, scratch, t
         parallel_state.destroy_model_parallel()
 
 
-def rollout_rank(task, state, clean_state, prompt, out, scratch):
+def rollout_rank(mode, state, clean_state, prompt, out, scratch):
     """``msprobe_run.run_ranks`` target: one rank of a vllm_like prefill of ``prompt`` under
     msprobe (``step0``); module outputs of that run and of a clean one go to
     ``scratch/rollout_rank<r>.pt``."""
-    from pathlib import Path
-
-    from . import dist, msprobe_run, vllm_like
+    from . import dist, vllm_like
     from .capture import Capture
 
     def build(weights):
@@ -368,7 +394,7 @@ def rollout_rank(task, state, clean_state, prompt, out, scratch):
         return model
 
     model = build(state)
-    probe = msprobe_run.Probe(out, task)
+    probe = _probe(out, mode)
     cap = Capture(model)
     vllm_like.generate(model, prompt, 1, probe.step_scope(model))
     caps = {"dumped": cap.stop()}
