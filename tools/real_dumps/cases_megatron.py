@@ -6,7 +6,8 @@ model (rollout, prefill of the same 8 prompt tokens as ``step0``).  A fault chan
 
 Public API:
     MegatronCase            dataclass: name, layout (megatron_side.Layout), rollout_tp, mode
-                            (statistics, tensor or md5), fault
+                            (statistics, tensor or md5), dtype ("fp32"; "bf16": both sides, the
+                            train side wrapped as Megatron-LM wraps it), fault
     CASES                   name -> MegatronCase, in generation order
     make_case(case, root) -> dict   writes root/<name>/{train,rollout}/ and case.json, returns the doc
 
@@ -43,6 +44,7 @@ class MegatronCase:
     layout: Layout = Layout()
     rollout_tp: int = 1
     mode: str = "statistics"
+    dtype: str = "fp32"
     fault: dict | None = None
 
     @property
@@ -106,6 +108,8 @@ CASES = {c.name: c for c in [
     MegatronCase("megatron_tp2_sp_tensor_clean", _SP, rollout_tp=2, mode="tensor"),
     MegatronCase("megatron_tp1_md5_clean", mode="md5"),
     MegatronCase("megatron_tp1_md5_fc1_stale_train", mode="md5", fault=_FC1_STALE),
+    MegatronCase("megatron_tp1_bf16_ddp_clean", dtype="bf16"),
+    MegatronCase("megatron_tp1_bf16_ddp_fc1_stale_train", dtype="bf16", fault=_FC1_STALE),
 ]}
 
 
@@ -205,9 +209,11 @@ def describe(case, measured):
     public = None if f is None else {k: f[k] for k in ("side", "kind", "target", "rank", "detail")}
     return {
         "schema": 1, "case": case.name, "family": "llama", "mode": case.mode,
-        "dtype": {"train": "fp32", "rollout": "fp32"},
+        "dtype": {"train": case.dtype, "rollout": case.dtype},
         "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "sequence_parallel": lay.sp,
                   "layout": "megatron",
+                  "wrappers": "[DistributedDataParallel(Float16Module(GPTModel))], the list given to "
+                              "msprobe" if case.dtype == "bf16" else None,
                   "notes": "GPTModel, local layer spec, one forward of the prompt ([s, b, h]); "
                            "rank r = pp_rank * tp + tp_rank"},
         "rollout": {"engine": "vllm_like", "tp": case.rollout_tp, "steps": 1,
@@ -241,10 +247,10 @@ def make_case(case, root):
     prompt = torch.randint(3, HF_CONFIG["vocab_size"], (PROMPT_LEN,),
                            generator=torch.Generator().manual_seed(42))
     with tempfile.TemporaryDirectory() as scratch:
-        msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.mode, rollout_state,
-                              clean, prompt.tolist(), str(dest / "rollout"), scratch)
+        msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.mode, case.dtype,
+                              rollout_state, clean, prompt.tolist(), str(dest / "rollout"), scratch)
         msprobe_run.run_ranks(megatron_side.train_rank, case.layout.world, case.layout, case.mode,
-                              case.conversion, train_state, clean, prompt[None], str(dest / "train"),
+                              case.dtype, case.conversion, train_state, clean, prompt[None], str(dest / "train"),
                               scratch)
         doc = _round(describe(case, measure(case, scratch)))
     (dest / "case.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -43,6 +43,8 @@ Public API:
     build_stage(layout, hf_state, conversion) -> GPTModel of this process's rank
     stage_forward(layout, model, input_ids) -> logits on the last stage (vocab shard), else None
     gather_logits(layout, logits) -> full-vocab logits [b, s, v] (TP all-gather, for checking)
+    check_against_hf(layout, hf_state, ids)    the conversion check (fp32 logits equal HF's)
+    as_megatron_lm(model) -> [DDP(Float16Module(model))]   the bf16 training wrappers
     train_rank(...), rollout_rank(...)         ``msprobe_run.run_ranks`` targets: one rank's dump
 """
 from __future__ import annotations
@@ -340,66 +342,85 @@ def _probe(out, mode):
     return msprobe_run.Probe(out.name, task, summary)
 
 
-def train_rank(layout, mode, conversion, state, clean_state, ids, out, scratch, tolerance=1e-5):
-    """``msprobe_run.run_ranks`` target: one rank of the Megatron train forward under msprobe.
-
-    Checks first that the clean conversion reproduces the HF logits (``tolerance``, fp32), then
-    dumps the forward of ``state`` converted by ``conversion`` in msprobe ``mode`` (statistics,
-    tensor or md5) into ``out`` and saves every
-    module's output (global names) of that run and of the clean one to
-    ``scratch/train_rank<r>.pt`` for measuring.
-    """
+def check_against_hf(layout, hf_state, ids, tolerance=1e-5):
+    """Raise unless the fp32 GPTModel converted from ``hf_state`` gives HF's logits for ``ids``
+    (on the last stage; every rank takes part in the forward)."""
     from transformers import LlamaForCausalLM
 
+    logits = stage_forward(layout, build_stage(layout, hf_state), ids)
+    if logits is None:
+        return
+    full = gather_logits(layout, logits)
+    hf = LlamaForCausalLM(hf_config()).eval()
+    hf.load_state_dict(hf_state)
+    with torch.no_grad():
+        err = float((full - hf(input_ids=ids).logits).abs().max())
+    if err > tolerance:
+        raise RuntimeError(f"rank {torch.distributed.get_rank()}: GPTModel logits differ from HF by {err:.3g}")
+
+
+def as_megatron_lm(model):
+    """The model as Megatron-LM's training loop holds it in bf16: ``DistributedDataParallel`` over
+    ``Float16Module`` (module names gain ``module.module.``), in the list of model chunks that
+    msprobe is started on (names gain the list index)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
+
+    model.config.bf16 = True
+    with cpu_device():  # the DDP grad buffers are allocated on the current device
+        return [DistributedDataParallel(model.config, DistributedDataParallelConfig(),
+                                        Float16Module(model.config, model))]
+
+
+def train_rank(layout, mode, dtype, conversion, state, clean_state, ids, out, scratch):
+    """``msprobe_run.run_ranks`` target: one rank of the Megatron train forward under msprobe.
+
+    Checks the clean fp32 conversion against HF first, then dumps the forward of ``state``
+    converted by ``conversion`` (``dtype`` "bf16": wrapped as Megatron-LM wraps it) in msprobe
+    ``mode`` (statistics, tensor or md5) into ``out``.  Module outputs (global names) of that run
+    and of a clean run in the same dtype go to ``scratch/train_rank<r>.pt`` for measuring.
+    """
     from .capture import Capture
 
     init_parallel(layout)
     try:
-        rank = torch.distributed.get_rank()
+        check_against_hf(layout, clean_state, ids)
         layers = stage_layers(layout)
-        clean = build_stage(layout, clean_state)
-        cap = Capture(clean)
-        logits = stage_forward(layout, clean, ids)
-        caps = {"clean": {global_name(k, layers): v for k, v in cap.stop().items()}}
-        if logits is not None:
-            full = gather_logits(layout, logits)
-            hf = LlamaForCausalLM(hf_config()).eval()
-            hf.load_state_dict(clean_state)
-            with torch.no_grad():
-                err = float((full - hf(input_ids=ids).logits).abs().max())
-            if err > tolerance:
-                raise RuntimeError(f"rank {rank}: GPTModel logits differ from HF by {err:.3g}")
-        model = build_stage(layout, state, conversion)
-        probe = _probe(out, mode)
-        cap = Capture(model)
-        probe.forward(model, lambda: stage_forward(layout, model, ids))
-        caps["dumped"] = {global_name(k, layers): v for k, v in cap.stop().items()}
-        torch.save(caps, Path(scratch) / f"train_rank{rank}.pt")
+
+        def run(weights, conv, probe=None):
+            model = build_stage(layout, weights, conv)
+            started = as_megatron_lm(model) if dtype == "bf16" else model
+            outer = started[0] if dtype == "bf16" else model
+            cap = Capture(model)
+            if probe:
+                probe.forward(started, lambda: stage_forward(layout, outer, ids))
+            else:
+                stage_forward(layout, outer, ids)
+            return {global_name(k, layers): v for k, v in cap.stop().items()}
+
+        caps = {"dumped": run(state, conversion, _probe(out, mode))}
+        caps["clean"] = run(clean_state, Conversion())
+        torch.save(caps, Path(scratch) / f"train_rank{torch.distributed.get_rank()}.pt")
     finally:
         from megatron.core import parallel_state
 
         parallel_state.destroy_model_parallel()
 
 
-def rollout_rank(mode, state, clean_state, prompt, out, scratch):
+def rollout_rank(mode, dtype, state, clean_state, prompt, out, scratch):
     """``msprobe_run.run_ranks`` target: one rank of a vllm_like prefill of ``prompt`` under
-    msprobe (``step0``); module outputs of that run and of a clean one go to
-    ``scratch/rollout_rank<r>.pt``."""
+    msprobe (``step0``); in bf16 with the fused RMSNorm kernel (rounds once, as vLLM's CUDA
+    kernel).  Module outputs of that run and of a clean one go to ``scratch/rollout_rank<r>.pt``."""
     from . import dist, vllm_like
     from .capture import Capture
 
-    def build(weights):
-        model = vllm_like.build(hf_config())
+    def run(weights, probe=None):
+        opts = {"rms_kernel": "fused"} if dtype == "bf16" else {}
+        model = vllm_like.build(hf_config(), torch.bfloat16 if dtype == "bf16" else torch.float32, **opts)
         model.load_weights(weights)
-        return model
+        cap = Capture(model)
+        vllm_like.generate(model, prompt, 1, probe.step_scope(model) if probe else None)
+        return cap.stop()
 
-    model = build(state)
-    probe = _probe(out, mode)
-    cap = Capture(model)
-    vllm_like.generate(model, prompt, 1, probe.step_scope(model))
-    caps = {"dumped": cap.stop()}
-    clean = build(clean_state)
-    cap = Capture(clean)
-    vllm_like.generate(clean, prompt, 1)
-    caps["clean"] = cap.stop()
+    caps = {"dumped": run(state, _probe(out, mode)), "clean": run(clean_state)}
     torch.save(caps, Path(scratch) / f"rollout_rank{dist.rank()}.pt")
