@@ -24,8 +24,13 @@ What megatron-core 0.16 needs to run on a CPU-only torch, and how this module ge
 * One monkeypatch, scoped to :func:`cpu_device` (entered around model construction, forward and
   pipeline communication): ``torch.cuda.current_device`` returns ``"cpu"``.
   ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to ``torch.cuda.current_device()`` on its first
-  call whatever the config says, and the pipeline communicator allocates its receive buffers
-  there.  No flag avoids either; with the patch both land on the CPU and nothing else changes.
+  call whatever the config says, the pipeline communicator allocates its receive buffers there,
+  and so does ``DistributedDataParallel`` its gradient buffers.  No flag avoids any of them; with
+  the patch they land on the CPU and nothing else changes.
+
+msprobe notices megatron-core on import and wraps ``schedules.forward_step``/``backward_step``
+(for its backward hooks under pipelining); forward-only dumps made without the schedules do not
+go through those wrappers.
 
 Pipeline parallelism: the two stages run in two processes; stage 0 sends its hidden states with
 megatron-core's own ``P2PCommunicator.send_forward`` and stage 1 receives them with
