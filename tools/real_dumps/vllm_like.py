@@ -439,10 +439,12 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         dtype, eps, kernel = opts["dtype"], opts["eps"], opts.get("rms_kernel", "native")
         self.self_attn = self.attention_cls(cfg, layer_idx, opts, self.qkv_bias)
-        self.mlp = self.mlp_cls(cfg.hidden_size, cfg.intermediate_size,
-                                {**opts, "extra_act": opts.get("extra_act_layer") == layer_idx})
+        self.mlp = self._mlp(cfg, {**opts, "extra_act": opts.get("extra_act_layer") == layer_idx})
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, kernel)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, kernel)
+
+    def _mlp(self, cfg, opts):
+        return self.mlp_cls(cfg.hidden_size, cfg.intermediate_size, opts)
 
     def forward(self, positions, hidden_states, residual):
         if residual is None:
@@ -494,7 +496,12 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = self.model_cls(cfg, opts)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, opts.get("lm_head_dtype") or opts["dtype"])
+        if getattr(cfg, "tie_word_embeddings", False):
+            # vLLM ties by making lm_head the embedding module itself (one module, dumped once)
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size,
+                                          opts.get("lm_head_dtype") or opts["dtype"])
         self.logits_processor = LogitsProcessor(self.lm_head.num_embeddings_padded, cfg.vocab_size,
                                                 soft_cap=getattr(cfg, "final_logit_softcapping", None))
 
@@ -517,23 +524,19 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded = set()
         for name, w in weights.items():
-            if "rotary_emb.inv_freq" in name:
+            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is self.model.embed_tokens):
                 continue
-            for fused, part, shard_id in self.stacked_params_mapping:
-                if part in name:
-                    target = name.replace(part, fused)
-                    break
-            else:
-                target, shard_id = name, None
-            target = self._rename(target)
+            target, shard_id = self._rename(name), None
+            if target == name:
+                for fused, part, sid in self.stacked_params_mapping:
+                    if part in name:
+                        target, shard_id = name.replace(part, fused), sid
+                        break
             if target not in params:
                 raise KeyError(f"{type(self).__name__}: no parameter for checkpoint tensor {name}")
             p = params[target]
             getattr(p, "weight_loader", self._default_loader)(p, w, shard_id)
             loaded.add(target)
-        if getattr(self.config, "tie_word_embeddings", False) and "lm_head.weight" not in loaded:
-            self.lm_head.weight_loader(self.lm_head.weight, weights["model.embed_tokens.weight"])
-            loaded.add("lm_head.weight")
         missing = set(params) - loaded
         if missing:
             raise KeyError(f"{type(self).__name__}: checkpoint lacks {sorted(missing)}")
@@ -680,13 +683,98 @@ class Gemma2Model(LlamaModel):
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
-    """gemma2.py (v0.10.1) Gemma2ForCausalLM: tied embeddings, final logit soft cap in the
-    LogitsProcessor."""
+    """gemma2.py (v0.10.1) Gemma2ForCausalLM: the head is model.embed_tokens (tied), final logit
+    soft cap in the LogitsProcessor."""
     model_cls = Gemma2Model
 
 
+# ----------------------------------------------------------------------------- Qwen3-MoE
+class FusedMoE(nn.Module):
+    """vllm/model_executor/layers/fused_moe/layer.py (v0.10.1) FusedMoE: every expert's [gate; up]
+    in ``w13_weight`` [E, 2*I/tp, H] and down in ``w2_weight`` [E, H, I/tp] (TP splits the
+    intermediate dim of every expert); softmax top-k routing in fp32, renormalised when asked.
+    With ``reduce_results=False`` (as Qwen3-MoE builds it) the output is this rank's partial sum and
+    the block all-reduces it afterwards."""
+
+    def __init__(self, num_experts, top_k, hidden_size, intermediate_size, reduce_results, renormalize,
+                 dtype=torch.float32):
+        super().__init__()
+        self.top_k, self.renormalize, self.reduce_results = top_k, renormalize, reduce_results
+        self.inter = intermediate_size // dist.world()
+        self.w13_weight = _param((num_experts, 2 * self.inter, hidden_size), dtype, self.weight_loader)
+        self.w2_weight = _param((num_experts, hidden_size, self.inter), dtype, self.weight_loader)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if param is self.w13_weight:  # loaded: [E, 2*I, H] = gate rows then up rows
+            gate, up = loaded.chunk(2, dim=1)
+            param.data.copy_(torch.cat([dist.shard(gate, 1), dist.shard(up, 1)], dim=1).to(param.dtype))
+        else:  # [E, H, I]
+            param.data.copy_(dist.shard(loaded, 2).to(param.dtype))
+
+    def forward(self, hidden_states, router_logits):
+        probs = torch.softmax(router_logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros(hidden_states.shape, dtype=torch.float32)
+        for e in experts.unique().tolist():
+            rows, slot = (experts == e).nonzero(as_tuple=True)
+            gate_up = F.linear(hidden_states[rows], self.w13_weight[e])
+            act = F.silu(gate_up[..., :self.inter]) * gate_up[..., self.inter:]
+            out.index_add_(0, rows, F.linear(act, self.w2_weight[e]).float() * weights[rows, slot, None])
+        out = out.to(hidden_states.dtype)
+        return dist.all_reduce(out) if self.reduce_results else out
+
+
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    """vllm/model_executor/models/qwen3_moe.py (v0.10.1) Qwen3MoeSparseMoeBlock: gate
+    (ReplicatedLinear, router logits) -> experts (FusedMoE, reduce_results=False) -> all-reduce."""
+
+    def __init__(self, cfg, opts):
+        super().__init__()
+        self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, False, opts["dtype"])
+        self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                                cfg.moe_intermediate_size, False, cfg.norm_topk_prob, opts["dtype"])
+
+    def forward(self, hidden_states):
+        router_logits, _ = self.gate(hidden_states)
+        out = self.experts(hidden_states=hidden_states, router_logits=router_logits)
+        return dist.all_reduce(out)
+
+
+class Qwen3MoeAttention(Qwen3Attention):
+    """qwen3_moe.py (v0.10.1) Qwen3MoeAttention (q_norm and k_norm like Qwen3Attention)."""
+
+
+class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
+    """qwen3_moe.py (v0.10.1) Qwen3MoeDecoderLayer: every layer sparse (decoder_sparse_step 1)."""
+
+    attention_cls = Qwen3MoeAttention
+
+    def _mlp(self, cfg, opts):
+        return Qwen3MoeSparseMoeBlock(cfg, opts)
+
+
+class Qwen3MoeModel(LlamaModel):
+    """qwen3_moe.py (v0.10.1) Qwen3MoeModel."""
+    layer_cls = Qwen3MoeDecoderLayer
+
+
+class Qwen3MoeForCausalLM(LlamaForCausalLM):
+    """qwen3_moe.py (v0.10.1) Qwen3MoeForCausalLM.  Loads the transformers 5 layout, where each
+    layer's experts are already stacked (``mlp.experts.gate_up_proj`` [E, 2*I, H],
+    ``mlp.experts.down_proj`` [E, H, I]) instead of vLLM's per-expert checkpoint names."""
+
+    model_cls = Qwen3MoeModel
+
+    def _rename(self, name):
+        return name.replace("mlp.experts.gate_up_proj", "mlp.experts.w13_weight").replace(
+            "mlp.experts.down_proj", "mlp.experts.w2_weight")
+
+
 FAMILIES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM,
-            "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM, "gemma2": Gemma2ForCausalLM}
+            "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM, "gemma2": Gemma2ForCausalLM,
+            "qwen3_moe": Qwen3MoeForCausalLM}
 
 
 def build(hf_config, dtype=torch.float32, family="llama", **options) -> nn.Module:
