@@ -3,6 +3,7 @@
 Every case converts one tiny HF Llama (``megatron_side.make_hf_llama``) twice: into a megatron-core
 ``GPTModel`` in the case's layout (train, one msprobe step, ``[s, b, h]``) and into the vLLM-shaped
 model (rollout, prefill of the same 8 prompt tokens as ``step0``).  A fault changes one side only.
+tools/make_real_dumps.py finds this module (``--list`` shows the cases, ``--only NAME`` makes one).
 
 Public API:
     MegatronCase            dataclass: name, layout (megatron_side.Layout), rollout_tp, mode
@@ -46,6 +47,12 @@ class MegatronCase:
     mode: str = "statistics"
     dtype: str = "fp32"
     fault: dict | None = None
+
+    def summary(self) -> str:
+        """One line for ``make_real_dumps.py --list``."""
+        lay = self.layout
+        return (f"megatron tp={lay.tp} pp={lay.pp}{' sp' if lay.sp else ''} {self.mode} {self.dtype} "
+                f"rollout tp={self.rollout_tp}")
 
     @property
     def conversion(self) -> Conversion:
@@ -234,6 +241,7 @@ def _round(x):
 
 def make_case(case, root):
     """Write ``root/<case.name>/`` (train/, rollout/, case.json); returns the case.json document."""
+    import megatron.core  # noqa: F401  imported before forking so that every rank starts warm
     import torch
 
     from . import megatron_side, msprobe_run
@@ -256,26 +264,3 @@ def make_case(case, root):
     (dest / "case.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
-
-def main(argv=None):
-    """Make the Megatron cases (``cd tools && python -m real_dumps.cases_megatron``) until the
-    corpus driver (tools/make_real_dumps.py) picks them up itself."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description="write the megatron-core cases of the real corpus")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests" / "data" / "real",
-                    help="corpus root (default tests/data/real)")
-    ap.add_argument("--only", action="append", choices=list(CASES), metavar="CASE",
-                    help="make only this case (repeatable)")
-    args = ap.parse_args(argv)
-    import megatron.core  # noqa: F401  imported before forking so that every rank starts warm
-    import msprobe.pytorch  # noqa: F401
-    import transformers  # noqa: F401
-    for name in args.only or list(CASES):
-        doc = make_case(CASES[name], args.out)
-        print(f"{name}: {doc['expected']['verdict']} {doc['measured']}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

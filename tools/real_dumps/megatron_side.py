@@ -385,7 +385,7 @@ def train_rank(layout, mode, dtype, conversion, state, clean_state, ids, out, sc
     ``mode`` (statistics, tensor or md5) into ``out``.  Module outputs (global names) of that run
     and of a clean run in the same dtype go to ``scratch/train_rank<r>.pt`` for measuring.
     """
-    from .capture import Capture
+    from .sides import Capture
 
     init_parallel(layout)
     try:
@@ -417,7 +417,7 @@ def rollout_rank(mode, dtype, state, clean_state, prompt, out, scratch):
     msprobe (``step0``); in bf16 with the fused RMSNorm kernel (rounds once, as vLLM's CUDA
     kernel).  Module outputs of that run and of a clean one go to ``scratch/rollout_rank<r>.pt``."""
     from . import dist, vllm_like
-    from .capture import Capture
+    from .sides import Capture
 
     def run(weights, probe=None):
         opts = {"rms_kernel": "fused"} if dtype == "bf16" else {}
