@@ -120,25 +120,16 @@ CASES = {c.name: c for c in [
 ]}
 
 
-def _stale(state, names, seed=5):
-    """A copy of ``state`` whose ``names`` hold an older step's weight (minus a seeded update of
-    half the weight's std)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    out = dict(state)
-    for name in names:
-        w = state[name]
-        out[name] = w - 0.5 * w.std() * torch.randn(w.shape, generator=gen)
-    return out
-
-
 def _states(case, clean):
     """(train state, rollout state) of a case: the clean HF weights, but for the faulty side."""
     f = case.fault
     if f is None or f["kind"] != "stale_weight":
         return clean, clean
-    bad = _stale(clean, f["params"])
+    from .sides import stale
+
+    bad = clean
+    for seed, name in enumerate(f["params"], start=5):
+        bad = stale(bad, name, seed)
     return (bad, clean) if f["side"] == "train" else (clean, bad)
 
 
