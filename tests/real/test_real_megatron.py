@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from real.corpus_check import CORPUS, case_doc, disagreements, run_default_command
 
-REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO / "tests" / "data" / "real"
-SCRIPT = REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
-CLEAN_VERDICTS = ("no_credible_divergence", "precision_only")
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
                if json.loads(p.read_text(encoding="utf-8"))["train"]["engine"] == "megatron-core")
 
@@ -88,10 +81,6 @@ _LAST_STAGE = {"decoder.final_layernorm", "output_layer"}
 _KEY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z0-9_]+)\.forward\.\d+$")
 
 
-def _case(name):
-    return json.loads((CORPUS / name / "case.json").read_text(encoding="utf-8"))
-
-
 def _params(names):
     return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=XFAIL[n])) if n in XFAIL else n
             for n in names]
@@ -105,16 +94,16 @@ def _first_leaf(item):
 
 def test_corpus_has_every_megatron_layout():
     layouts = {(c["train"]["tp"], c["train"]["pp"], c["train"]["sequence_parallel"], c["rollout"]["tp"], c["mode"])
-               for c in map(_case, CASES)}
+               for c in map(case_doc, CASES)}
     assert {(1, 1, False, 1, "statistics"), (2, 1, False, 2, "statistics"), (2, 1, False, 1, "statistics"),
             (2, 1, True, 2, "statistics"), (1, 2, False, 1, "statistics"), (1, 1, False, 1, "tensor"),
             (2, 1, False, 2, "tensor"), (2, 1, True, 2, "tensor"), (1, 1, False, 1, "md5")} <= layouts
-    assert {c["case"] for c in map(_case, CASES) if c["dtype"]["train"] == "bf16" and c["train"]["wrappers"]}
+    assert {c["case"] for c in map(case_doc, CASES) if c["dtype"]["train"] == "bf16" and c["train"]["wrappers"]}
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_train_dump_is_megatrons(name):
-    case = _case(name)
+    case = case_doc(name)
     tp, pp, sp = case["train"]["tp"], case["train"]["pp"], case["train"]["sequence_parallel"]
     ranks = sorted(p.name for p in (CORPUS / name / "train" / "step0").iterdir())
     assert ranks == [f"rank{r}" for r in range(tp * pp)]
@@ -145,51 +134,10 @@ def test_train_dump_is_megatrons(name):
 
 @pytest.fixture(scope="session")
 def reports(tmp_path_factory):
-    """Run the root-cause command on every Megatron case (a few at a time: short subprocesses)."""
-    root = tmp_path_factory.mktemp("real_megatron")
-
-    def run(name):
-        out = root / name
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(CORPUS / name / "train"),
-                               "--rollout", str(CORPUS / name / "rollout"), "--out-dir", str(out)],
-                              capture_output=True, text=True, timeout=300)
-        report = out / "output_5_root_cause_report.json"
-        doc = json.loads(report.read_text(encoding="utf-8")) if proc.returncode == 0 and report.exists() else None
-        return name, (proc.returncode, proc.stderr.strip(), doc)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, CASES))
-
-
-def _names(value):
-    if value is None:
-        return None
-    return [value] if isinstance(value, str) else list(value)
-
-
-def disagreements(expected, code, stderr, doc):
-    """What the report says that the case does not expect (empty when it agrees)."""
-    if doc is None:
-        return [f"exit {code}: {stderr.splitlines()[-1] if stderr else 'no report'}"]
-    if expected["verdict"] == "clean":
-        return [] if doc["verdict"] in CLEAN_VERDICTS else [f"verdict {doc['verdict']}"]
-    if doc["verdict"] != "root_cause_found" or not doc["root_causes"]:
-        return [f"verdict {doc['verdict']}"]
-    rc = doc["root_causes"][0]
-    wrong = []
-    if rc["category"] != expected["category"]:
-        wrong.append(f"category {rc['category']}")
-    # None: the dumps cannot show which side holds a wrong weight (the report says undetermined)
-    if rc.get("side") != (expected["side"] or "undetermined"):
-        wrong.append(f"side {rc.get('side')}")
-    for key in ("train", "rollout"):
-        if _names(rc.get(f"{key}_module")) != expected[f"{key}_modules"]:
-            wrong.append(f"{key} module {rc.get(f'{key}_module')}")
-    if rc.get("layer") != expected["layer"]:
-        wrong.append(f"layer {rc.get('layer')}")
-    return wrong
+    """The root-cause command's answer on every Megatron case."""
+    return run_default_command(CASES, tmp_path_factory.mktemp("real_megatron"), workers=2)
 
 
 @pytest.mark.parametrize("name", _params(CASES))
 def test_default_command_finds_the_injected_fault(name, reports):
-    assert disagreements(_case(name)["expected"], *reports[name]) == []
+    assert disagreements(case_doc(name)["expected"], *reports[name]) == []
