@@ -15,7 +15,7 @@ Public API:
 case.json follows the corpus schema (cases.describe): ``expected`` is derived from the injected
 fault and checked against the activations: the faulty module's output must move by more than
 ``MIN_RATIO`` times the largest clean train-vs-rollout difference at modules both engines compute
-identically.
+identically (``cases.check_signal``).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cases import CLEAN_EXPECTED, check_signal
 from .megatron_side import HF_CONFIG, Conversion, Layout
 
-MIN_RATIO = 10.0
 PROMPT_LEN = 8
 WEIGHT_CATEGORY = "parameter_or_checkpoint_issue"
 
@@ -189,11 +189,8 @@ def measure(case, scratch):
 def _expected(case, measured):
     f = case.fault
     if f is None:
-        return {"verdict": "clean", "category": None, "side": None, "train_modules": None,
-                "rollout_modules": None, "layer": None}
-    if measured["ratio"] < MIN_RATIO:
-        raise ValueError(f"{case.name}: the fault moves {f['target']} by only {measured['ratio']:.1f}x "
-                         f"the engine noise; make it larger")
+        return dict(CLEAN_EXPECTED)
+    check_signal(case.name, f, measured)
     layer = int(f["target"].split("layers.")[1].split(".")[0])
     return {"verdict": "root_cause_found", "category": WEIGHT_CATEGORY,
             "side": f["side"] if f.get("side_shown") else None,
