@@ -81,8 +81,10 @@ _O_PROJ_STALE = _fault(
     "rollout kept layer 0 o_proj.weight of the previous step (weight sync missed it)",
     ["decoder.layers.0.self_attention.linear_proj"], ["model.layers.0.self_attn.o_proj"],
     params=("model.layers.0.self_attn.o_proj.weight",))
-# The dumps show which side: the train weight equals the rollout's [q; k; v] row for row, which
-# Megatron's per-group split reads as the wrong heads.
+# linear_qkv's weight and output equal the rollout's qkv_proj row for row (statistics too), so the
+# first visible divergence is at the split: train's q/k (q_layernorm, k_layernorm IdentityOps) and
+# core_attention.  The side is the train's because Megatron's split is per query group, so a fused
+# train weight in vLLM's [q; k; v] order is a train-side conversion error.
 _QKV_PLAIN = _fault(
     "train", "qkv_order", "decoder.layers.0.self_attention.linear_qkv",
     "HF->Megatron conversion stacked q, k, v as [q; k; v] instead of Megatron's per-query-group "
