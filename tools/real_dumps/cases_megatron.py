@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cases import CLEAN_EXPECTED, check_signal
-from .megatron_side import HF_CONFIG, Conversion, Layout
+from .megatron_side import HF_CONFIG, Conversion, Layout, megatron_lm_padded_vocab
 
 PROMPT_LEN = 8
 WEIGHT_CATEGORY = "parameter_or_checkpoint_issue"
@@ -47,6 +47,12 @@ class MegatronCase:
     mode: str = "statistics"
     dtype: str = "fp32"
     fault: dict | None = None
+    vocab: int = HF_CONFIG["vocab_size"]
+    pad_vocab: bool = False  # as Megatron-LM does (vLLM pads to a multiple of 64 in any case)
+
+    @property
+    def padded_vocab(self) -> int | None:
+        return megatron_lm_padded_vocab(self.vocab, self.layout.tp) if self.pad_vocab else None
 
     def summary(self) -> str:
         """One line for ``make_real_dumps.py --list``."""
@@ -58,10 +64,11 @@ class MegatronCase:
     def conversion(self) -> Conversion:
         f = self.fault or {}
         if f.get("kind") == "qkv_order":
-            return Conversion(qkv_order="plain")
+            return Conversion(qkv_order="plain", padded_vocab=self.padded_vocab)
         if f.get("kind") == "wrong_shard":
-            return Conversion(wrong_gate_shard=(f["layer"], f["rank"], f["from_rank"]))
-        return Conversion()
+            return Conversion(wrong_gate_shard=(f["layer"], f["rank"], f["from_rank"]),
+                              padded_vocab=self.padded_vocab)
+        return Conversion(padded_vocab=self.padded_vocab)
 
 
 def _fault(side, kind, target, detail, train, rollout, params=(), rank=None, **extra):
@@ -119,6 +126,9 @@ CASES = {c.name: c for c in [
     MegatronCase("megatron_tp1_md5_fc1_stale_train", mode="md5", fault=_FC1_STALE),
     MegatronCase("megatron_tp1_bf16_ddp_clean", dtype="bf16"),
     MegatronCase("megatron_tp1_bf16_ddp_fc1_stale_train", dtype="bf16", fault=_FC1_STALE),
+    # vocabulary 300: Megatron-LM builds 384 rows (512 with TP=2), vLLM 320
+    MegatronCase("megatron_tp1_padded_vocab_clean", vocab=300, pad_vocab=True),
+    MegatronCase("megatron_tp2_padded_vocab_clean", _TP2, rollout_tp=2, vocab=300, pad_vocab=True),
 ]}
 
 
@@ -208,7 +218,7 @@ def describe(case, measured):
         "schema": 1, "case": case.name, "family": "llama", "mode": case.mode,
         "dtype": {"train": case.dtype, "rollout": case.dtype},
         "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "sequence_parallel": lay.sp,
-                  "layout": "megatron",
+                  "layout": "megatron", "vocab": case.vocab, "padded_vocab": case.padded_vocab,
                   "wrappers": "[DistributedDataParallel(Float16Module(GPTModel))], the list given to "
                               "msprobe" if case.dtype == "bf16" else None,
                   "notes": "GPTModel, local layer spec, one forward of the prompt ([s, b, h]); "
@@ -240,9 +250,9 @@ def make_case(case, root):
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    clean = megatron_side.model_state(megatron_side.make_hf_llama())
+    clean = megatron_side.model_state(megatron_side.make_hf_llama(vocab_size=case.vocab))
     train_state, rollout_state = _states(case, clean)
-    prompt = torch.randint(3, HF_CONFIG["vocab_size"], (PROMPT_LEN,),
+    prompt = torch.randint(3, case.vocab, (PROMPT_LEN,),
                            generator=torch.Generator().manual_seed(42))
     with tempfile.TemporaryDirectory() as scratch:
         msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.mode, case.dtype,

@@ -40,9 +40,11 @@ data iterator and add nothing a forward-only dump shows.
 
 Public API:
     HF_CONFIG                                  the tiny Llama config (dict for LlamaConfig)
-    make_hf_llama(seed) -> LlamaForCausalLM    fp32, eval mode, fixed seed
+    hf_config(vocab_size) -> LlamaConfig
+    make_hf_llama(seed, vocab_size) -> LlamaForCausalLM   fp32, eval mode, fixed seed
+    megatron_lm_padded_vocab(vocab, tp) -> int  the vocabulary Megatron-LM builds for ``vocab``
     Layout(tp, pp, sp)                         one job layout; ``world`` = tp * pp
-    Conversion(qkv_order, wrong_gate_shard)    how HF weights become Megatron's (and its bugs)
+    Conversion(qkv_order, wrong_gate_shard, padded_vocab)   how HF weights become Megatron's
     convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion) -> state dict
     init_parallel(layout)                      Megatron's parallel state on the gloo world
     build_stage(layout, hf_state, conversion) -> GPTModel of this process's rank
@@ -77,11 +79,14 @@ class Conversion:
 
     ``qkv_order="plain"`` stacks [q; k; v] (the classic conversion bug);
     ``wrong_gate_shard=(layer, rank, from_rank)`` makes TP rank ``rank`` load the gate rows of
-    ``from_rank`` into layer ``layer``'s fc1 shard (one wrong shard on one rank).
+    ``from_rank`` into layer ``layer``'s fc1 shard (one wrong shard on one rank);
+    ``padded_vocab`` pads the embedding and output rows as Megatron-LM's checkpoint converter
+    does (copies of the last row).
     """
 
     qkv_order: str = "interleaved"
     wrong_gate_shard: tuple[int, int, int] | None = None
+    padded_vocab: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,14 +102,25 @@ class Layout:
         return self.tp * self.pp
 
 
-def hf_config():
+def hf_config(vocab_size: int = HF_CONFIG["vocab_size"]):
     """The tiny Llama config as a ``transformers.LlamaConfig``."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(**HF_CONFIG)
+    return LlamaConfig(**{**HF_CONFIG, "vocab_size": vocab_size})
 
 
-def make_hf_llama(seed: int = 0):
+def megatron_lm_padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron-LM's vocabulary size for a tokenizer of ``vocab``: rounded up to a multiple of
+    ``make_vocab_size_divisible_by`` (default 128) times the TP size."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def _vocab(hf_state) -> int:
+    return hf_state["model.embed_tokens.weight"].shape[0]
+
+
+def make_hf_llama(seed: int = 0, vocab_size: int = HF_CONFIG["vocab_size"]):
     """The tiny HF Llama every Megatron case converts from (fp32, eval, weights from ``seed``).
 
     Weights are redrawn with std 0.1 (the default 0.02 leaves activations near 1e-3 after two
@@ -113,7 +129,7 @@ def make_hf_llama(seed: int = 0):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_config()).eval()
+    model = LlamaForCausalLM(hf_config(vocab_size)).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -162,6 +178,12 @@ def _cols(t, tp_rank, tp):
     return t[:, tp_rank * n:(tp_rank + 1) * n]
 
 
+def _pad_rows(t, rows):
+    if rows is None or rows == t.shape[0]:
+        return t
+    return torch.cat([t, t[-1:].expand(rows - t.shape[0], -1)], dim=0)
+
+
 def convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion=Conversion()):
     """HF Llama state dict -> the local state dict of one Megatron rank.
 
@@ -174,7 +196,8 @@ def convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion=Conversion
     wrong = conversion.wrong_gate_shard
     out = {}
     if pre:
-        out["embedding.word_embeddings.weight"] = _rows(hf_state["model.embed_tokens.weight"], tp_rank, tp)
+        out["embedding.word_embeddings.weight"] = _rows(
+            _pad_rows(hf_state["model.embed_tokens.weight"], conversion.padded_vocab), tp_rank, tp)
     for local, layer in enumerate(layers):
         src, dst = f"model.layers.{layer}", f"decoder.layers.{local}"
         out[f"{dst}.input_layernorm.weight"] = hf_state[f"{src}.input_layernorm.weight"]
@@ -191,7 +214,8 @@ def convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion=Conversion
         out[f"{dst}.mlp.linear_fc2.weight"] = _cols(hf_state[f"{src}.mlp.down_proj.weight"], tp_rank, tp)
     if post:
         out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"]
-        out["output_layer.weight"] = _rows(hf_state["lm_head.weight"], tp_rank, tp)
+        out["output_layer.weight"] = _rows(_pad_rows(hf_state["lm_head.weight"], conversion.padded_vocab),
+                                           tp_rank, tp)
     return out
 
 
@@ -263,7 +287,7 @@ def build_stage(layout: Layout, hf_state, conversion=Conversion()):
     pre, post = pp_rank == 0, pp_rank == layout.pp - 1
     with cpu_device():
         model = GPTModel(_transformer_config(layout, cfg), _layer_spec(layout, cfg),
-                         vocab_size=cfg["vocab_size"],
+                         vocab_size=conversion.padded_vocab or _vocab(hf_state),
                          max_sequence_length=cfg["max_position_embeddings"],
                          pre_process=pre, post_process=post,
                          share_embeddings_and_output_weights=False,
@@ -347,16 +371,16 @@ def _probe(out, mode):
     return msprobe_run.Probe(out.name, task, summary)
 
 
-def check_against_hf(layout, hf_state, ids, tolerance=1e-5):
+def check_against_hf(layout, hf_state, ids, padded_vocab=None, tolerance=1e-5):
     """Raise unless the fp32 GPTModel converted from ``hf_state`` gives HF's logits for ``ids``
-    (on the last stage; every rank takes part in the forward)."""
+    (on the last stage, padding rows left out; every rank takes part in the forward)."""
     from transformers import LlamaForCausalLM
 
-    logits = stage_forward(layout, build_stage(layout, hf_state), ids)
+    logits = stage_forward(layout, build_stage(layout, hf_state, Conversion(padded_vocab=padded_vocab)), ids)
     if logits is None:
         return
-    full = gather_logits(layout, logits)
-    hf = LlamaForCausalLM(hf_config()).eval()
+    full = gather_logits(layout, logits)[..., :_vocab(hf_state)]
+    hf = LlamaForCausalLM(hf_config(_vocab(hf_state))).eval()
     hf.load_state_dict(hf_state)
     with torch.no_grad():
         err = float((full - hf(input_ids=ids).logits).abs().max())
@@ -389,7 +413,7 @@ def train_rank(layout, mode, dtype, conversion, state, clean_state, ids, out, sc
 
     init_parallel(layout)
     try:
-        check_against_hf(layout, clean_state, ids)
+        check_against_hf(layout, clean_state, ids, conversion.padded_vocab)
         layers = stage_layers(layout)
 
         def run(weights, conv, probe=None):
@@ -404,7 +428,7 @@ def train_rank(layout, mode, dtype, conversion, state, clean_state, ids, out, sc
             return {global_name(k, layers): v for k, v in cap.stop().items()}
 
         caps = {"dumped": run(state, conversion, _probe(out, mode))}
-        caps["clean"] = run(clean_state, Conversion())
+        caps["clean"] = run(clean_state, Conversion(padded_vocab=conversion.padded_vocab))
         torch.save(caps, Path(scratch) / f"train_rank{torch.distributed.get_rank()}.pt")
     finally:
         from megatron.core import parallel_state
@@ -421,7 +445,7 @@ def rollout_rank(mode, dtype, state, clean_state, prompt, out, scratch):
 
     def run(weights, probe=None):
         opts = {"rms_kernel": "fused"} if dtype == "bf16" else {}
-        model = vllm_like.build(hf_config(), torch.bfloat16 if dtype == "bf16" else torch.float32, **opts)
+        model = vllm_like.build(hf_config(_vocab(weights)), torch.bfloat16 if dtype == "bf16" else torch.float32, **opts)
         model.load_weights(weights)
         cap = Capture(model)
         vllm_like.generate(model, prompt, 1, probe.step_scope(model) if probe else None)
