@@ -44,12 +44,21 @@ def _round(x):
     return x
 
 
+_SAVED = set()
+
+
 def _save_model(family, root):
+    """The checkpoint the family's cases were built from, rewritten once per run (weights may have
+    changed since the last one)."""
     from real_dumps import families
 
+    if family in _SAVED:
+        return
     dest = root / "_models" / family
-    if not dest.exists():
-        families.hf_model(family).save_pretrained(dest, safe_serialization=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    families.hf_model(family).save_pretrained(dest, safe_serialization=True)
+    _SAVED.add(family)
 
 
 def make_case(case, root):
@@ -93,7 +102,8 @@ def main(argv=None):
     if args.list:
         for name, (c, _make) in cases.items():
             fault = c.fault["kind"] + "@" + c.fault["side"] if c.fault else "clean"
-            where = f"{c.family:8} {c.mode:10} tp={c.rollout_tp} steps={c.new_tokens}" if name in CASES else c.summary()
+            where = (f"{c.family:9} {c.mode:10} {c.train_layout:5} {c.rollout_engine:6} "
+                     f"tp={c.rollout_tp} steps={c.new_tokens}") if name in CASES else c.summary()
             print(f"{name:40} {where} {fault}")
         return 0
     unknown = [n for n in args.only or [] if n not in cases]

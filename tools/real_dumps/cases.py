@@ -3,7 +3,8 @@
 Public API:
     Case                    dataclass: name, family, task, summary_mode, dtype {train, rollout},
                             rollout_tp, new_tokens (1 = prefill only), prompt_len, rollout_opts,
-                            train_layout, fault (None or a dict, see ``fault``)
+                            train_layout (hf, fsdp1, fsdp2), rollout_engine (vllm, sglang),
+                            fault (None or a dict, see ``fault``)
     case.mode               "statistics", "tensor" or "md5"
     fault(side, kind, target, detail, rank=None, **extra) -> dict   the injected fault
     CASES                   name -> Case, in generation order
@@ -30,6 +31,10 @@ MIN_RATIO = 10.0
 _ALIGNED_SUFFIXES = ("embed_tokens", "input_layernorm", "post_attention_layernorm",
                      "pre_feedforward_layernorm", "post_feedforward_layernorm", "self_attn",
                      "o_proj", "mlp", "down_proj", "model.norm")
+
+# Outputs whose boundary differs by design in a family: transformers' Gemma 2 embedding module
+# multiplies by sqrt(hidden) inside, vLLM's model multiplies after the embedding module.
+_BOUNDARY_DIFFERS = {"gemma2": ("embed_tokens",)}
 
 # fault kind -> (category, whether the dumps show the side)
 _KINDS = {
@@ -58,6 +63,7 @@ class Case:
     prompt_len: int = 8
     rollout_opts: dict = field(default_factory=dict)
     train_layout: str = "hf"
+    rollout_engine: str = "vllm"
     fault: dict | None = None
 
     @property
@@ -133,7 +139,8 @@ def measure(case, scratch):
     noise, where = 0.0, None
     for name, t in train["clean"].items():
         r = rollout["clean"].get(name)
-        if r is None or not name.endswith(_ALIGNED_SUFFIXES):
+        if r is None or not name.endswith(_ALIGNED_SUFFIXES) or name.endswith(
+                _BOUNDARY_DIFFERS.get(case.family, ())):
             continue
         if t.reshape(-1, t.shape[-1]).shape[-1] != r.shape[-1]:
             continue
@@ -160,7 +167,7 @@ def describe(case, measured):
                   "notes": "one forward of prompt + sampled tokens (all but the last)" + (
                       "; 2 FSDP ranks, rank 0 holds the rollout's sequence, rank 1 another"
                       if case.train_layout != "hf" else "")},
-        "rollout": {"engine": "vllm_like", "tp": case.rollout_tp, "steps": case.new_tokens,
+        "rollout": {"engine": f"{case.rollout_engine}_like", "tp": case.rollout_tp, "steps": case.new_tokens,
                     "notes": "prefill step0, then one step per decoded token" if case.new_tokens > 1
                     else "prefill only (step0)"},
         "fault": public_fault,
@@ -210,7 +217,9 @@ def _cases():
             "rollout keeps lm_head in bf16 (logits computed in bf16) while the rest is fp32", value="bf16")),
         Case("llama_tp1_tensor_clean", task="tensor"),
         Case("llama_tp1_tensor_stale_rollout", task="tensor", fault=_STALE_DOWN),
+        Case("llama_tp2_tensor_clean", task="tensor", rollout_tp=2),
         Case("llama_tp2_tensor_wrong_shard", task="tensor", rollout_tp=2, fault=_WRONG_SHARD),
+        Case("llama_gen_tensor_clean", task="tensor", new_tokens=2),
         Case("llama_tp1_md5_clean", summary_mode="md5"),
         Case("llama_tp1_md5_stale_rollout", summary_mode="md5", fault=_STALE_DOWN),
     ]
@@ -249,6 +258,11 @@ def _other_families():
         Case("qwen3_moe_tp2_fp32_stale_experts", family="qwen3_moe", rollout_tp=2, fault=_stale(
             "rollout", "model.layers.1.mlp.experts", "model.layers.1.mlp.experts.down_proj",
             "rollout kept layer 1 experts' down weights (FusedMoE w2_weight) of the previous step")),
+        Case("sglang_llama_tp1_fp32_clean", rollout_engine="sglang"),
+        Case("sglang_llama_tp2_fp32_clean", rollout_engine="sglang", rollout_tp=2),
+        Case("sglang_llama_gen_fp32_stale_rollout", rollout_engine="sglang", new_tokens=4, fault=_STALE_DOWN),
+        Case("sglang_qwen3_tp1_bf16_clean", family="qwen3", rollout_engine="sglang", dtype=_BF16,
+             rollout_opts=_FUSED),
         Case("llama_fsdp1_fp32_clean", train_layout="fsdp1"),
         Case("llama_fsdp1_fp32_stale_rollout", train_layout="fsdp1", fault=_STALE_DOWN),
         Case("llama_fsdp2_bf16_clean", train_layout="fsdp2", dtype=_BF16, rollout_opts=_FUSED),

@@ -6,6 +6,8 @@ Public API:
     all_reduce(x) -> Tensor             sum over ranks (a new tensor; x is left alone)
     gather_last_dim(x) -> Tensor | None concatenation over ranks along the last dim on rank 0,
                                         None on every other rank (vLLM's tensor_model_parallel_gather)
+    all_gather_last_dim(x) -> Tensor    concatenation over ranks along the last dim on every rank
+                                        (tensor_model_parallel_all_gather, as SGLang gathers logits)
     broadcast_int(v) -> int             rank 0's value on every rank (the sampled token)
     shard(t, dim) -> Tensor             this rank's contiguous slice of t along dim
 """
@@ -45,6 +47,15 @@ def gather_last_dim(x: torch.Tensor) -> torch.Tensor | None:
     else:
         tdist.gather(x, parts, dst=0)
     return torch.cat(parts, dim=-1) if parts is not None else None
+
+
+def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
+    if world() == 1:
+        return x
+    buf = x.float().contiguous()
+    parts = [torch.empty_like(buf) for _ in range(world())]
+    tdist.all_gather(parts, buf)
+    return torch.cat(parts, dim=-1).to(x.dtype)
 
 
 def broadcast_int(v: int) -> int:

@@ -56,8 +56,8 @@ def hf_model(family, dtype=torch.float32):
         for name, p in model.named_parameters():
             if "norm" in name:  # ones (zeros for Gemma's 1+w) would hide a norm fault
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith(".bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):  # Qwen2's q/k/v biases are large in released checkpoints
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             else:  # std 0.02 weights give activations of 1e-3; 0.1 keeps values O(1) through 2 layers
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
     return model.to(dtype)

@@ -1,7 +1,7 @@
 """The two sides of a case, each run in its own process(es) under msprobe.
 
 Public API (each function is a ``msprobe_run.run_ranks`` target):
-    rollout_side(case, out, scratch)   vllm_like rollout of the case's family: generate
+    rollout_side(case, out, scratch)   vllm_like (or sglang_like) rollout of the case's family: generate
         ``case.new_tokens`` tokens from the prompt (one msprobe step per engine forward), write the
         sampled tokens to ``scratch/tokens.json`` (rank 0) and the prefill outputs of every module
         to ``scratch/rollout_rank<r>.pt`` (faulty run and, under a fault, a clean shadow run)
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import dist, families, msprobe_run, vllm_like
+from . import dist, families, msprobe_run, sglang_like, vllm_like
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -70,7 +70,7 @@ def _rollout_model(case, fault, state):
         opts["extra_act_layer"] = fault["layer"]
     elif kind == "dtype":
         opts["lm_head_dtype"] = DTYPES[fault["value"]]
-    model = vllm_like.build(cfg, DTYPES[case.dtype["rollout"]], case.family, **opts)
+    model = _engine(case).build(cfg, DTYPES[case.dtype["rollout"]], case.family, **opts)
     if kind == "wrong_shard":
         module = model.get_submodule(fault["target"])
         module.wrong_shard = (fault["shard_id"], fault["from_rank"], fault["rank"])
@@ -78,6 +78,10 @@ def _rollout_model(case, fault, state):
         state = stale(state, fault["param"])
     model.load_weights(state)
     return model
+
+
+def _engine(case):
+    return sglang_like if case.rollout_engine == "sglang" else vllm_like
 
 
 def rollout_side(case, out, scratch):
@@ -88,13 +92,12 @@ def rollout_side(case, out, scratch):
     probe = msprobe_run.Probe(out, case.task, case.summary_mode)
     ids = families.prompt(case.family, case.prompt_len)
     cap = Capture(model)
-    tokens = vllm_like.generate(model, ids, case.new_tokens, probe.step_scope(model))
+    tokens = _engine(case).generate(model, ids, case.new_tokens, probe.step_scope(model))
     caps = {"faulty" if fault else "clean": cap.stop()}
     if fault:
         clean = _rollout_model(case, None, state)
         cap = Capture(clean)
-        with torch.no_grad():
-            clean.compute_logits(clean(torch.tensor(ids), torch.arange(len(ids)))[-1:])
+        _engine(case).generate(clean, ids, 1)  # the prefill is all the measurement uses
         caps["clean"] = cap.stop()
     torch.save(caps, Path(scratch) / f"rollout_rank{dist.rank()}.pt")
     if dist.rank() == 0:

@@ -353,6 +353,14 @@ class Attention(nn.Module):
 
 
 # ----------------------------------------------------------------------------- Llama family
+def first_norm(norm, hidden_states, residual):
+    """A decoder layer's input norm as vLLM calls it: plain in the first layer (the residual
+    starts as the embedding), fused with the residual add in the others."""
+    if residual is None:
+        return norm(hidden_states), hidden_states
+    return norm(hidden_states, residual)
+
+
 def _rope_theta(cfg) -> float:
     theta = getattr(cfg, "rope_theta", None)
     if theta is None:
@@ -447,11 +455,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp_cls(cfg.hidden_size, cfg.intermediate_size, opts)
 
     def forward(self, positions, hidden_states, residual):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = first_norm(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         hidden_states = self.mlp(hidden_states)
@@ -658,11 +662,7 @@ class Gemma2DecoderLayer(nn.Module):
             setattr(self, name, GemmaRMSNorm(cfg.hidden_size, eps, dtype))
 
     def forward(self, positions, hidden_states, residual):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = first_norm(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
