@@ -1,5 +1,5 @@
 """Real megatron-core train dumps against vLLM-structured rollouts (tests/data/real/megatron_*,
-written by tools/real_dumps/cases_megatron.py; no torch needed here).
+written by tools/make_real_dumps.py from tools/real_dumps/cases_megatron.py; no torch needed here).
 
 (a) the train dumps are what megatron-core 0.16's GPTModel with the local layer spec writes: module
     paths and class names (IdentityOp placeholders included), sequence-first [s, b, h] hidden
