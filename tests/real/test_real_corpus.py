@@ -176,6 +176,23 @@ def test_tp_ranks_hold_vllms_shards(name):
             assert logits is None, "vLLM gathers the logits to rank 0 only"
 
 
+MOE_TP_CASES = [n for n in CASES if _case(n)["rollout"]["tp"] > 1 and _case(n)["family"] == "qwen3_moe"]
+
+
+@pytest.mark.parametrize("name", MOE_TP_CASES)
+def test_only_deferred_reduces_leave_partial_sums(name):
+    """RowParallelLinear reduces inside its forward (o_proj equal on every rank); FusedMoE built
+    with reduce_results=False returns each rank's partial sum, reduced by the block after it."""
+    ranks = _rank_dumps(name)
+    stat = lambda rank, path: {k: _entry(ranks[rank], path)["output"][0][k]  # noqa: E731
+                               for k in ("Max", "Min", "Mean", "Norm")}
+    for layer in (0, 1):
+        prefix = f"model.layers.{layer}"
+        assert stat(0, f"{prefix}.self_attn.o_proj") == stat(1, f"{prefix}.self_attn.o_proj")
+        assert stat(0, f"{prefix}.mlp") == stat(1, f"{prefix}.mlp")
+        assert stat(0, f"{prefix}.mlp.experts")["Norm"] != stat(1, f"{prefix}.mlp.experts")["Norm"]
+
+
 @pytest.fixture(scope="session")
 def reports(tmp_path_factory):
     """The root-cause command's answer on every case."""

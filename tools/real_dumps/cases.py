@@ -87,6 +87,16 @@ def hf_modules(family, rollout_module):
     return [rollout_module]
 
 
+def vllm_module(family, train_module):
+    """The vLLM module a transformers module is part of (the inverse of ``hf_modules``)."""
+    if family != "phi3":
+        for part, fused in (("q_proj", "qkv_proj"), ("k_proj", "qkv_proj"), ("v_proj", "qkv_proj"),
+                            ("gate_proj", "gate_up_proj"), ("up_proj", "gate_up_proj")):
+            if train_module.endswith("." + part):
+                return train_module[:-len(part)] + fused
+    return "logits_processor" if train_module == "lm_head" else train_module
+
+
 def _layer(module):
     parts = module.split(".")
     return int(parts[parts.index("layers") + 1]) if "layers" in parts else None
@@ -116,7 +126,8 @@ def _expected(case, measured):
     elif f["side"] == "rollout":
         train, rollout = hf_modules(case.family, f["target"]), [f["target"]]
     else:
-        train, rollout = [f["target"]], [f["target"]]
+        rollout = [vllm_module(case.family, f["target"])]
+        train = hf_modules(case.family, rollout[0]) if rollout[0] != f["target"] else [f["target"]]
     return {"verdict": "root_cause_found", "category": category, "side": f["side"] if side_shown else None,
             "train_modules": train, "rollout_modules": rollout, "layer": _layer(f["target"])}
 
@@ -142,7 +153,7 @@ def measure(case, scratch):
         if r is None or not name.endswith(_ALIGNED_SUFFIXES) or name.endswith(
                 _BOUNDARY_DIFFERS.get(case.family, ())):
             continue
-        if t.reshape(-1, t.shape[-1]).shape[-1] != r.shape[-1]:
+        if t.shape[-1] != r.shape[-1]:
             continue
         e = _rel(r, t)
         if e >= noise:

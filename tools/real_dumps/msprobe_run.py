@@ -14,8 +14,8 @@ Public API:
     run_ranks(target, tp, *args)            call ``target(*args)`` in ``tp`` forked processes with
         a gloo process group of size ``tp`` (rank r is ``rank<r>`` in the dump; ``tp=0``: one
         process without torch.distributed, as a plain training script runs)
-    stable_proc_names(root)                 rename ``proc<pid>`` folders to ``proc0`` so that a
-        regenerated dump has the same paths
+    stable_proc_names(root)                 rename ``proc<pid>`` folders to ``proc0`` (and the
+        folder named in a tensor dump's ``dump_data_dir``) so that a regenerated dump has the same paths
 """
 from __future__ import annotations
 
@@ -98,6 +98,13 @@ def run_ranks(target, tp, *args):
 
 
 def stable_proc_names(root):
+    import re
+
     for proc in sorted(Path(root).glob("step*/proc*")):
         if proc.name != "proc0":
-            proc.rename(proc.with_name("proc0"))
+            proc = proc.rename(proc.with_name("proc0"))
+        dump = proc / "dump.json"
+        if dump.exists():  # tensor mode names its folder, with the pid, in dump_data_dir
+            text = dump.read_text(encoding="utf-8")
+            dump.write_text(re.sub(r"/proc\d+/dump_tensor_data\"", '/proc0/dump_tensor_data"', text),
+                            encoding="utf-8")

@@ -87,7 +87,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, in_features, output_sizes, bias=False, dtype=torch.float32):
         super().__init__(in_features, sum(output_sizes), bias, dtype)
         self.output_sizes = list(output_sizes)
-        self.wrong_shard = None  # fault: (shard_id, rank to take instead of ours)
+        self.wrong_shard = None  # fault: (shard_id, rank to read it from, rank it hits)
 
     def weight_loader(self, param, loaded, shard_id=None):
         tp = dist.world()
