@@ -101,15 +101,17 @@ def test_corpus_has_every_megatron_layout():
             (2, 1, False, 2, "tensor"), (2, 1, True, 2, "tensor"), (1, 1, False, 1, "md5")} <= layouts
     assert {c["case"] for c in map(case_doc, CASES) if c["dtype"]["train"] == "bf16" and c["train"]["wrappers"]}
     assert {c["train"]["tp"] for c in map(case_doc, CASES) if c["train"]["padded_vocab"]} == {1, 2}
+    assert any(c["rollout"]["steps"] > 1 for c in map(case_doc, CASES))
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_train_dump_is_megatrons(name):
     case = case_doc(name)
     tp, pp, sp = case["train"]["tp"], case["train"]["pp"], case["train"]["sequence_parallel"]
+    assert sorted(p.name for p in (CORPUS / name / "train").iterdir()) == ["step0"], "one train forward"
     ranks = sorted(p.name for p in (CORPUS / name / "train" / "step0").iterdir())
     assert ranks == [f"rank{r}" for r in range(tp * pp)]
-    tokens, hidden = 8, 64
+    tokens, hidden = case["train"]["tokens"], 64
     vocab_rows = case["train"]["padded_vocab"] or case["train"]["vocab"]
     for r in range(tp * pp):
         stage = r // tp

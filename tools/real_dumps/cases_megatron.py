@@ -2,7 +2,9 @@
 
 Every case converts one tiny HF Llama (``megatron_side.make_hf_llama``) twice: into a megatron-core
 ``GPTModel`` in the case's layout (train, one msprobe step, ``[s, b, h]``) and into the vLLM-shaped
-model (rollout, prefill of the same 8 prompt tokens as ``step0``).  A fault changes one side only.
+model (rollout: prefill of the 8 prompt tokens as ``step0``, then one step per decoded token when
+the case generates; the train forward then holds the prompt and the sampled tokens but the last).
+A fault changes one side only.
 tools/make_real_dumps.py finds this module (``--list`` shows the cases, ``--only NAME`` makes one).
 
 Public API:
@@ -47,6 +49,7 @@ class MegatronCase:
     mode: str = "statistics"
     dtype: str = "fp32"
     fault: dict | None = None
+    new_tokens: int = 1  # rollout forwards: the prefill, then one per decoded token
     vocab: int = HF_CONFIG["vocab_size"]
     pad_vocab: bool = False  # as Megatron-LM does (vLLM pads to a multiple of 64 in any case)
 
@@ -58,7 +61,7 @@ class MegatronCase:
         """One line for ``make_real_dumps.py --list``."""
         lay = self.layout
         return (f"megatron tp={lay.tp} pp={lay.pp}{' sp' if lay.sp else ''} {self.mode} {self.dtype} "
-                f"rollout tp={self.rollout_tp}")
+                f"rollout tp={self.rollout_tp} steps={self.new_tokens}")
 
     @property
     def conversion(self) -> Conversion:
@@ -129,6 +132,9 @@ CASES = {c.name: c for c in [
     # vocabulary 300: Megatron-LM builds 384 rows (512 with TP=2), vLLM 320
     MegatronCase("megatron_tp1_padded_vocab_clean", vocab=300, pad_vocab=True),
     MegatronCase("megatron_tp2_padded_vocab_clean", _TP2, rollout_tp=2, vocab=300, pad_vocab=True),
+    # a generation: the train forward holds prompt + sampled tokens, the rollout one step per forward
+    MegatronCase("megatron_tp1_gen_clean", new_tokens=4),
+    MegatronCase("megatron_tp1_gen_o_proj_stale_rollout", new_tokens=4, fault=_O_PROJ_STALE),
 ]}
 
 
@@ -180,6 +186,8 @@ def measure(case, scratch):
         if t is None or r is None:
             continue
         t = t.reshape(-1, t.shape[-1])
+        if not case.layout.sp:  # the rollout captures hold the prefill rows only
+            t = t[:r.shape[0]]
         if t.shape != r.shape:  # a sequence-parallel shard: not the same tensor
             continue
         e = _rel(t, r)
@@ -219,12 +227,15 @@ def describe(case, measured):
         "dtype": {"train": case.dtype, "rollout": case.dtype},
         "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "sequence_parallel": lay.sp,
                   "layout": "megatron", "vocab": case.vocab, "padded_vocab": case.padded_vocab,
+                  "tokens": PROMPT_LEN + case.new_tokens - 1,
                   "wrappers": "[DistributedDataParallel(Float16Module(GPTModel))], the list given to "
                               "msprobe" if case.dtype == "bf16" else None,
-                  "notes": "GPTModel, local layer spec, one forward of the prompt ([s, b, h]); "
+                  "notes": "GPTModel, local layer spec, one forward of the prompt and the sampled tokens "
+                           "but the last ([s, b, h]); "
                            "rank r = pp_rank * tp + tp_rank"},
-        "rollout": {"engine": "vllm_like", "tp": case.rollout_tp, "steps": 1,
-                    "notes": "prefill only (step0)"},
+        "rollout": {"engine": "vllm_like", "tp": case.rollout_tp, "steps": case.new_tokens,
+                    "notes": "prefill step0, then one step per decoded token" if case.new_tokens > 1
+                    else "prefill only (step0)"},
         "fault": public,
         "expected": _expected(case, measured),
         "measured": measured,
@@ -256,9 +267,13 @@ def make_case(case, root):
                            generator=torch.Generator().manual_seed(42))
     with tempfile.TemporaryDirectory() as scratch:
         msprobe_run.run_ranks(megatron_side.rollout_rank, case.rollout_tp, case.mode, case.dtype,
-                              rollout_state, clean, prompt.tolist(), str(dest / "rollout"), scratch)
+                              rollout_state, clean, prompt.tolist(), case.new_tokens, str(dest / "rollout"),
+                              scratch)
+        # the last sampled token was never fed to an engine forward
+        sampled = json.loads((Path(scratch) / "tokens.json").read_text())[:-1]
+        ids = torch.cat([prompt, torch.tensor(sampled, dtype=prompt.dtype)])[None]
         msprobe_run.run_ranks(megatron_side.train_rank, case.layout.world, case.layout, case.mode,
-                              case.dtype, case.conversion, train_state, clean, prompt[None], str(dest / "train"),
+                              case.dtype, case.conversion, train_state, clean, ids, str(dest / "train"),
                               scratch)
         doc = _round(describe(case, measure(case, scratch)))
     (dest / "case.json").write_text(json.dumps(doc, indent=1) + "\n")

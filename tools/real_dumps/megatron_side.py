@@ -57,6 +57,7 @@ Public API:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -436,20 +437,25 @@ def train_rank(layout, mode, dtype, conversion, state, clean_state, ids, out, sc
         parallel_state.destroy_model_parallel()
 
 
-def rollout_rank(mode, dtype, state, clean_state, prompt, out, scratch):
-    """``msprobe_run.run_ranks`` target: one rank of a vllm_like prefill of ``prompt`` under
-    msprobe (``step0``); in bf16 with the fused RMSNorm kernel (rounds once, as vLLM's CUDA
-    kernel).  Module outputs of that run and of a clean one go to ``scratch/rollout_rank<r>.pt``."""
+def rollout_rank(mode, dtype, state, clean_state, prompt, new_tokens, out, scratch):
+    """``msprobe_run.run_ranks`` target: one rank of a vllm_like generation of ``new_tokens``
+    tokens from ``prompt`` under msprobe (prefill ``step0``, one step per decoded token); in bf16
+    with the fused RMSNorm kernel (rounds once, as vLLM's CUDA kernel).  Rank 0 writes the sampled
+    tokens to ``scratch/tokens.json``; prefill outputs of that run and of a clean one go to
+    ``scratch/rollout_rank<r>.pt``."""
     from . import dist, vllm_like
     from .sides import Capture
 
-    def run(weights, probe=None):
+    def run(weights, probe=None, steps=1):
         opts = {"rms_kernel": "fused"} if dtype == "bf16" else {}
         model = vllm_like.build(hf_config(_vocab(weights)), torch.bfloat16 if dtype == "bf16" else torch.float32, **opts)
         model.load_weights(weights)
         cap = Capture(model)
-        vllm_like.generate(model, prompt, 1, probe.step_scope(model) if probe else None)
-        return cap.stop()
+        tokens = vllm_like.generate(model, prompt, steps, probe.step_scope(model) if probe else None)
+        return cap.stop(), tokens
 
-    caps = {"dumped": run(state, _probe(out, mode)), "clean": run(clean_state)}
+    dumped, tokens = run(state, _probe(out, mode), new_tokens)
+    caps = {"dumped": dumped, "clean": run(clean_state)[0]}
     torch.save(caps, Path(scratch) / f"rollout_rank{dist.rank()}.pt")
+    if dist.rank() == 0:
+        (Path(scratch) / "tokens.json").write_text(json.dumps(tokens))
