@@ -7,8 +7,9 @@ mindstudio-probe and safetensors (e.g. /work/toolenv/bin/python). Every case is 
     tests/data/real/<case>/case.json                                    what was injected, what to expect
 
 and every family's tiny checkpoint is saved once under tests/data/real/_models/<family>/.
-The cases and their faults are listed in tools/real_dumps/cases.py; the rollout models are
-tools/real_dumps/vllm_like.py. Regenerating gives the same numbers (seeded weights and prompts,
+The cases and their faults are listed in tools/real_dumps/cases.py, and in every
+tools/real_dumps/cases_<name>.py (its own CASES and make_case, e.g. the megatron-core train
+sides); the rollout models are tools/real_dumps/vllm_like.py. Regenerating gives the same numbers (seeded weights and prompts,
 single-threaded CPU kernels).
 
     python tools/make_real_dumps.py --list
@@ -18,6 +19,7 @@ single-threaded CPU kernels).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import shutil
@@ -77,6 +79,17 @@ def make_case(case, root):
     return doc
 
 
+def all_cases():
+    """name -> (case, make) for cases.py (made by ``make_case`` here) and for every
+    real_dumps/cases_<name>.py, which lists its own ``CASES`` and brings its own
+    ``make_case(case, root) -> case.json document``."""
+    out = {name: (c, make_case) for name, c in CASES.items()}
+    for path in sorted((Path(__file__).resolve().parent / "real_dumps").glob("cases_*.py")):
+        module = importlib.import_module(f"real_dumps.{path.stem}")
+        out.update({name: (c, module.make_case) for name, c in module.CASES.items()})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,13 +98,15 @@ def main(argv=None):
     ap.add_argument("--only", action="append", metavar="CASE", help="make only this case (repeatable)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     args = ap.parse_args(argv)
+    cases = all_cases()
     if args.list:
-        for c in CASES.values():
+        for name, (c, _make) in cases.items():
             fault = c.fault["kind"] + "@" + c.fault["side"] if c.fault else "clean"
-            print(f"{c.name:40} {c.family:9} {c.mode:10} {c.train_layout:5} {c.rollout_engine:6} "
-                  f"tp={c.rollout_tp} steps={c.new_tokens} {fault}")
+            where = (f"{c.family:9} {c.mode:10} {c.train_layout:5} {c.rollout_engine:6} "
+                     f"tp={c.rollout_tp} steps={c.new_tokens}") if name in CASES else c.summary()
+            print(f"{name:40} {where} {fault}")
         return 0
-    unknown = [n for n in args.only or [] if n not in CASES]
+    unknown = [n for n in args.only or [] if n not in cases]
     if unknown:
         print(f"error: unknown case(s) {', '.join(unknown)} (see --list)", file=sys.stderr)
         return 2
@@ -104,8 +119,9 @@ def main(argv=None):
         print(f"error: {exc.name} is not installed (pip install torch mindstudio-probe transformers "
               f"safetensors)", file=sys.stderr)
         return 2
-    for name in args.only or list(CASES):
-        doc = make_case(CASES[name], args.out)
+    for name in args.only or list(cases):
+        case, make = cases[name]
+        doc = make(case, args.out)
         m = doc["measured"]
         print(f"{name}: expected {doc['expected']['verdict']} {doc['expected']['category'] or ''} "
               f"noise {m['noise']} signal {m.get('rel_error', '-')}", file=sys.stderr)

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from real.corpus_check import CORPUS, disagreements, run_default_command
 
-REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO / "tests" / "data" / "real"
-SCRIPT = REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
-CLEAN_VERDICTS = ("no_credible_divergence", "precision_only")
-CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json"))
+# megatron-core train sides have their own module tree and xfail table: tests/real/test_real_megatron.py
+CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
+               if json.loads(p.read_text(encoding="utf-8"))["train"]["engine"] != "megatron-core")
 
 # Module path -> class name in vLLM 0.10.1 (vllm/model_executor/models/llama.py, qwen2.py,
 # qwen3.py, gemma2.py, phi3.py; layers/linear.py, layernorm.py, activation.py,
@@ -181,54 +176,8 @@ def test_only_deferred_reduces_leave_partial_sums(name):
 
 @pytest.fixture(scope="session")
 def reports(tmp_path_factory):
-    """Run the root-cause command on every case (a few at a time: each is a short subprocess)."""
-    root = tmp_path_factory.mktemp("real")
-
-    def run(name):
-        out = root / name
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(CORPUS / name / "train"),
-                               "--rollout", str(CORPUS / name / "rollout"), "--out-dir", str(out), "--quiet"],
-                              capture_output=True, text=True, timeout=300)
-        report = out / "output_5_root_cause_report.json"
-        doc = json.loads(report.read_text(encoding="utf-8")) if proc.returncode == 0 and report.exists() else None
-        return name, (proc.returncode, proc.stderr.strip(), doc)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(run, CASES))
-
-
-def _names(value):
-    if value is None:
-        return None
-    return [value] if isinstance(value, str) else list(value)
-
-
-def disagreements(expected, code, stderr, doc):
-    """What the report says that the case does not expect (empty when it agrees)."""
-    if doc is None:
-        return [f"exit {code}: {stderr.splitlines()[-1] if stderr else 'no report'}"]
-    if expected["verdict"] == "clean":
-        return [] if doc["verdict"] in CLEAN_VERDICTS else [
-            f"verdict {doc['verdict']} (top: {_top(doc)})"]
-    if doc["verdict"] != "root_cause_found" or not doc["root_causes"]:
-        return [f"verdict {doc['verdict']}"]
-    rc = doc["root_causes"][0]
-    wrong = []
-    if rc["category"] != expected["category"]:
-        wrong.append(f"category {rc['category']}")
-    if expected["side"] is not None and rc.get("side") != expected["side"]:
-        wrong.append(f"side {rc.get('side')}")
-    for key in ("train", "rollout"):
-        if _names(rc.get(f"{key}_module")) != expected[f"{key}_modules"]:
-            wrong.append(f"{key} module {rc.get(f'{key}_module')}")
-    if rc.get("layer") != expected["layer"]:
-        wrong.append(f"layer {rc.get('layer')}")
-    return wrong
-
-
-def _top(doc):
-    rc = (doc.get("root_causes") or [None])[0]
-    return "none" if rc is None else f"{rc['category']} at {rc.get('rollout_module') or rc.get('train_module')}"
+    """The root-cause command's answer on every case."""
+    return run_default_command(CASES, tmp_path_factory.mktemp("real"))
 
 
 @pytest.mark.parametrize("name", _params(CASES))

@@ -9,6 +9,8 @@ Public API:
     fault(side, kind, target, detail, rank=None, **extra) -> dict   the injected fault
     CASES                   name -> Case, in generation order
     describe(case, measured) -> dict   the case.json document (schema 1)
+    CLEAN_EXPECTED                     ``expected`` of a clean pair
+    check_signal(name, fault, measured) raise unless the fault is MIN_RATIO x above the noise
     measure(case, scratch) -> dict     signal of the fault at its module and the engine noise, from
                                        the prefill outputs the sides captured
 
@@ -100,14 +102,22 @@ def _layer(module):
     return int(parts[parts.index("layers") + 1]) if "layers" in parts else None
 
 
+CLEAN_EXPECTED = {"verdict": "clean", "category": None, "side": None, "train_modules": None,
+                  "rollout_modules": None, "layer": None}
+
+
+def check_signal(name, fault, measured):
+    """Raise unless the fault moves its module by ``MIN_RATIO`` times the engine noise."""
+    if measured["ratio"] < MIN_RATIO:
+        raise ValueError(f"{name}: the fault moves {fault['target']} by only {measured['ratio']:.1f}x "
+                         f"the engine noise; make it larger")
+
+
 def _expected(case, measured):
     f = case.fault
     if f is None:
-        return {"verdict": "clean", "category": None, "side": None, "train_modules": None,
-                "rollout_modules": None, "layer": None}
-    if measured["ratio"] < MIN_RATIO:
-        raise ValueError(f"{case.name}: the fault moves {f['target']} by only {measured['ratio']:.1f}x "
-                         f"the engine noise; make it larger")
+        return dict(CLEAN_EXPECTED)
+    check_signal(case.name, f, measured)
     category, side_shown = _KINDS[f["kind"]]
     if f["kind"] == "extra_op":
         train, rollout = None, [f["target"]]

@@ -1,0 +1,71 @@
+"""Shared by the real-corpus tests: run the root-cause command as a user runs it (no step or rank
+flag) and list where its report disagrees with a case.json's ``expected``."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests" / "data" / "real"
+SCRIPT = REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
+CLEAN_VERDICTS = ("no_credible_divergence", "precision_only")
+REPORT = "output_5_root_cause_report.json"
+
+
+def case_doc(name):
+    """The case.json of corpus case ``name``."""
+    return json.loads((CORPUS / name / "case.json").read_text(encoding="utf-8"))
+
+
+def run_default_command(names, root, workers=4):
+    """name -> (exit code, stderr, output_5 document or None), each case run into ``root/<name>``
+    (a few at a time: each is a short subprocess)."""
+    def run(name):
+        out = Path(root) / name
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(CORPUS / name / "train"),
+                               "--rollout", str(CORPUS / name / "rollout"), "--out-dir", str(out), "--quiet"],
+                              capture_output=True, text=True, timeout=300)
+        report = out / REPORT
+        doc = json.loads(report.read_text(encoding="utf-8")) if proc.returncode == 0 and report.exists() else None
+        return name, (proc.returncode, proc.stderr.strip(), doc)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(run, names))
+
+
+def _names(value):
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _top(doc):
+    rc = (doc.get("root_causes") or [None])[0]
+    return "none" if rc is None else f"{rc['category']} at {rc.get('rollout_module') or rc.get('train_module')}"
+
+
+def disagreements(expected, code, stderr, doc):
+    """What the report says that the case does not expect (empty when it agrees).  An expected
+    side of None (the dumps cannot show it) is not checked."""
+    if doc is None:
+        return [f"exit {code}: {stderr.splitlines()[-1] if stderr else 'no report'}"]
+    if expected["verdict"] == "clean":
+        return [] if doc["verdict"] in CLEAN_VERDICTS else [
+            f"verdict {doc['verdict']} (top: {_top(doc)})"]
+    if doc["verdict"] != "root_cause_found" or not doc["root_causes"]:
+        return [f"verdict {doc['verdict']}"]
+    rc = doc["root_causes"][0]
+    wrong = []
+    if rc["category"] != expected["category"]:
+        wrong.append(f"category {rc['category']}")
+    if expected["side"] is not None and rc.get("side") != expected["side"]:
+        wrong.append(f"side {rc.get('side')}")
+    for key in ("train", "rollout"):
+        if _names(rc.get(f"{key}_module")) != expected[f"{key}_modules"]:
+            wrong.append(f"{key} module {rc.get(f'{key}_module')}")
+    if rc.get("layer") != expected["layer"]:
+        wrong.append(f"layer {rc.get('layer')}")
+    return wrong
