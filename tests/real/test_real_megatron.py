@@ -21,29 +21,15 @@ CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
 
 _TWO_DUMPS = ("exit 2: folder holds 2 dumps (steps: 0; ranks: 0, 1); choose one with --train-step and "
               "--train-rank")
-_TP = _TWO_DUMPS + "; with --train-rank all (--rollout-rank all) the answer is right"
-_PP = (_TWO_DUMPS + "; with --train-rank all: inconclusive, the stages are merged as TP shards "
-       "(different numbers of layers, train 1, rollout 2)")
 _SP_TENSOR = (_TWO_DUMPS + "; with --train-rank all --rollout-rank all: root_cause_found, "
               "in_module_impl_difference at embedding.word_embeddings (its output is sequence-sharded)")
 _QKV = ("category missing_or_extra_op_between_aligned_boundary at decoder.layers.0.self_attention."
         "q_layernorm (an IdentityOp placeholder blamed as an extra op), rollout module None")
-_WRAPPED = ("train module 0.module.module.decoder.layers.1.mlp.linear_fc1: Megatron-LM's list index and "
-            "DDP/Float16Module prefixes are not stripped")
 # case -> what the pipeline says today instead of the expected answer.
 XFAIL = {
-    "megatron_tp2_clean": _TP,
-    "megatron_tp2_clean_rollout_tp1": _TP,
-    "megatron_tp2_sp_clean": _TP,
-    "megatron_tp2_tensor_fc1_stale_train": _TP,
-    "megatron_tp2_fc1_wrong_shard_train": _TP,
-    "megatron_tp2_padded_vocab_clean": _TP,
     "megatron_tp2_sp_tensor_clean": _SP_TENSOR,
-    "megatron_pp2_clean": _PP,
-    "megatron_pp2_fc1_stale_train": _PP,
     "megatron_tp1_qkv_plain_order": _QKV,
     "megatron_tp1_tensor_qkv_plain_order": _QKV,
-    "megatron_tp1_bf16_ddp_fc1_stale_train": _WRAPPED,
 }
 
 # Module path -> class name in megatron-core 0.16 (models/gpt/gpt_model.py, gpt_layer_specs.py

@@ -81,7 +81,14 @@ def join_stages(stages: list[Dump], offsets: list[int], labels: list) -> Dump:
                 if path != e.raw_path:
                     e = replace(e, raw_path=path, key=e.key.replace(e.raw_path, path, 1))
             entries.append(e)
+    # Modules outside the layers that every stage runs (the decoder container, rotary tables, the
+    # model root) hold that stage's part only: the last stage's copy is the model's (its decoder
+    # output is the final stream), so earlier copies are dropped.
+    last = {e.key: i for i, e in enumerate(entries)}
+    dropped = sum(1 for i, e in enumerate(entries) if last[e.key] != i)
+    entries = [e for i, e in enumerate(entries) if last[e.key] == i]
     shifted = [f"{lab}+{off}" for lab, off in zip(labels, offsets) if off]
     return _joined(base, stages, entries,
                    f"pipeline stages (ranks {', '.join(map(str, labels))}) joined in order"
-                   + (f"; stage layer numbers shifted ({', '.join(shifted)})" if shifted else ""))
+                   + (f"; stage layer numbers shifted ({', '.join(shifted)})" if shifted else "")
+                   + (f"; {dropped} modules every stage runs kept from the last stage" if dropped else ""))

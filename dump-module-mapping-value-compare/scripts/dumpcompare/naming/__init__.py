@@ -122,8 +122,14 @@ class Namer:
 
     # -- path normalisation -------------------------------------------------------------
     def strip_wrappers(self, raw: str) -> str:
-        """Remove wrapper segments anywhere, and DDP/Float16Module ``module.`` at the start."""
+        """Remove wrapper segments anywhere, and DDP/Float16Module ``module.`` at the start.
+
+        A leading number is the index in Megatron-LM's list of model chunks (msprobe is started on
+        the list): ``0.module.module.decoder...``. Several chunks (virtual pipeline) are not joined.
+        """
         segs = [s for s in raw.split(".") if s and s not in self.wrap_segments] if raw else []
+        if len(segs) > 1 and segs[0].isdigit() and segs[1] in self.lead_segments:
+            segs = segs[1:]
         while segs and segs[0] in self.lead_segments:
             segs = segs[1:]
         return ".".join(segs)
