@@ -11,11 +11,12 @@ from . import documents as D
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
-from .loaders import load_path
+from .loaders import FORMATS, detect_format, load_input
 from .loaders.discovery import resolve_dump_files
 from .loaders.joining import join_steps
-from .loaders.parallel import default_jobs, load_files
+from .loaders.parallel import default_jobs, input_size, load_files
 from .loaders.pairing import pair_steps
+from .loaders.sglang_dumper import select_parts
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
 from .outputs import write_atomic, write_csv, write_json
@@ -38,13 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     """Argument parser of run_compare.py (also used by the root-cause skill's pass-through)."""
     ap = argparse.ArgumentParser(
         prog="run_compare.py",
-        description="Map modules of a train dump and a rollout dump (msprobe dump.json, or the generic "
-                    "JSON format) across engines, compare their values and rank divergences. Writes "
-                    "output_1_key_mapping.* .. output_4_module_analysis.* into --out-dir.",
+        description="Map modules of a train dump and a rollout dump (msprobe dump.json, the generic JSON "
+                    "format, or an SGLang dumper folder) across engines, compare their values and rank "
+                    "divergences. Writes output_1_key_mapping.* .. output_4_module_analysis.* into --out-dir.",
         epilog="Exit codes: 0 the comparison ran (with or without findings); 2 bad usage or unreadable "
                "input; 1 internal error.")
-    ap.add_argument("--train", required=True, help="train-side dump.json, or a folder holding one")
-    ap.add_argument("--rollout", required=True, help="rollout-side dump.json, or a folder holding one")
+    ap.add_argument("--train", required=True,
+                    help="train-side dump.json, a folder holding one, or an SGLang dumper folder")
+    ap.add_argument("--rollout", required=True,
+                    help="rollout-side dump.json, a folder holding one, or an SGLang dumper folder")
+    ap.add_argument("--format", choices=FORMATS, default="auto",
+                    help="format of both sides: msprobe dump.json, generic JSON, or SGLang dumper folder "
+                         "(default: detected per side, so a mixed pair needs no option)")
     ap.add_argument("--out-dir", required=True, help="folder for the outputs (created if missing)")
     for side in ("train", "rollout"):
         ap.add_argument(f"--{side}-step", help=f"step folder to use when --{side} holds several (e.g. 0 or step0)")
@@ -73,22 +79,31 @@ def run(args: argparse.Namespace) -> dict:
     steps, step_notes = pair_steps(args.train, args.rollout,
                                    {s: getattr(args, f"{s}_step") for s in SIDES},
                                    {s: getattr(args, f"{s}_rank") for s in SIDES})
-    chains = {s: steps[s] if isinstance(steps[s], list) else [steps[s]] for s in SIDES}
-    files = {s: [resolve_dump_files(getattr(args, s), s, step, getattr(args, f"{s}_rank")) for step in chains[s]]
-             for s in SIDES}
+    chains, files = {}, {}
+    for s in SIDES:
+        fmt = args.format if args.format != "auto" else detect_format(getattr(args, s))
+        if fmt == "sglang":
+            files[s] = select_parts(getattr(args, s), s, getattr(args, f"{s}_step"), getattr(args, f"{s}_rank"))
+            chains[s] = [row[0].step for row in files[s]]
+        else:
+            chains[s] = steps[s] if isinstance(steps[s], list) else [steps[s]]
+            files[s] = [resolve_dump_files(getattr(args, s), s, step, getattr(args, f"{s}_rank"))
+                        for step in chains[s]]
     flat = [f for s in SIDES for per_step in files[s] for f in per_step]
     say = _progress(args.quiet, flat)
     # Joined steps are renumbered call by call, so their calls are not folded.
     fold = not args.no_fold_calls and not any(len(chains[s]) > 1 for s in SIDES)
-    loaded = iter(load_files(flat, functools.partial(load_path, fold=fold), args.jobs, say))
+    loaded = iter(load_files(flat, functools.partial(load_input, fold=fold), args.jobs, say))
     for s in SIDES:
         per_step = [[next(loaded) for _ in f] for f in files[s]]
         if len({len(r) for r in per_step}) != 1:
             raise InputError(f"{getattr(args, s)}: the joined steps {', '.join(chains[s])} hold different "
                              f"numbers of ranks")
+        if args.format in ("msprobe", "generic") and any(d.fmt != args.format for r in per_step for d in r):
+            raise InputError(f"{getattr(args, s)}: not a {args.format} dump (--format {args.format})")
         ranks = [join_steps(list(by_rank), chains[s]) for by_rank in zip(*per_step)]
         ranks[0].notes += [n for n in step_notes if n.startswith(s)]
-        fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family"))
+        fams[s], recs[s] = name_side(ranks[0], s, namer, getattr(args, f"{s}_family") or ranks[0].family)
         dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
     say("mapping and comparing")
     plan = build_plan(recs["train"], recs["rollout"], namer)
@@ -127,9 +142,9 @@ def run(args: argparse.Namespace) -> dict:
     return doc4
 
 
-def _progress(quiet: bool, paths: list[Path]):
+def _progress(quiet: bool, paths: list):
     """A function printing timed progress lines on stderr for long runs, silent otherwise."""
-    size = sum(p.stat().st_size for p in paths if p.is_file())
+    size = sum(input_size(p) for p in paths)
     if quiet or size < PROGRESS_MIN_BYTES:
         return lambda _msg: None
     start = time.perf_counter()

@@ -75,7 +75,7 @@ class Dump:
     """Everything read from one side's dump file."""
     path: Path                 # the dump.json (or generic JSON) that was read
     dump_dir: Path             # folder holding it; tensor files are resolved inside it
-    fmt: str                   # "msprobe" or "generic"
+    fmt: str                   # "msprobe", "generic" or "sglang"
     task: str | None
     level: str | None
     framework: str | None
@@ -86,3 +86,4 @@ class Dump:
     notes: list[str] = field(default_factory=list)
     skipped_keys: list[str] = field(default_factory=list)
     folded: bool = False       # repeated calls were folded into one entry per module
+    family: str | None = None  # engine family the dump itself records (SGLang dumper meta), if any

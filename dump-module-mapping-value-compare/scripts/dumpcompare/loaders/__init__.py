@@ -6,10 +6,11 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..records import Dump, Entry
-from .discovery import resolve_dump_file, resolve_dump_files
+from .discovery import candidates, resolve_dump_file, resolve_dump_files
 from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
+from .sglang_dumper import DumperPart, load_part, looks_like_dumper
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
 
@@ -17,6 +18,26 @@ _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
 def load_side(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Dump:
     """Load one side's dump from a file or folder argument (see ``resolve_dump_file``)."""
     return load_path(resolve_dump_file(arg, side, step, rank))
+
+
+FORMATS = ("auto", "msprobe", "generic", "sglang")
+
+
+def detect_format(arg: str) -> str:
+    """The format of a ``--train``/``--rollout`` argument: "generic" or "msprobe" for a file (by its
+    content), "msprobe" for a folder holding a dump.json, "sglang" for a folder of SGLang dumper
+    files, "msprobe" otherwise (whose loader then says what is missing)."""
+    p = Path(arg)
+    if p.is_file():
+        return "generic" if _looks_generic(p) else "msprobe"
+    if p.is_dir() and not candidates(p) and looks_like_dumper(p):
+        return "sglang"
+    return "msprobe"
+
+
+def load_input(item, fold: bool = True) -> Dump:
+    """Load one unit of input: a dump file (see :func:`load_path`) or a part of an SGLang dumper folder."""
+    return load_part(item) if isinstance(item, DumperPart) else load_path(item, fold)
 
 
 def load_path(path: Path, fold: bool = True) -> Dump:
