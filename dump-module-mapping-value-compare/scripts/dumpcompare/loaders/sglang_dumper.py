@@ -11,6 +11,7 @@ references/input_formats.md ("SGLang dumper folders").
 from __future__ import annotations
 
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,16 @@ def _value_leaves(prefix: str, value: Any, path: Path | None, out: list[Leaf]) -
         out.append(Leaf(prefix, value=value, is_tensor=False, dtype=type(value).__name__))
 
 
+def unfinished(path: Path) -> bool:
+    """True for an archive the dumper began but could not finish: when torch.save fails (a value
+    that cannot be pickled) the dumper logs the error and leaves a zip holding no data.pkl."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return not any(n.endswith("/data.pkl") for n in zf.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def _read_record(f: DumperFile) -> tuple[Any, dict]:
     """(value, meta) of one file; raises InputError for a file that is not a dumper record."""
     try:
@@ -390,7 +401,11 @@ def load_part(part: DumperPart) -> Dump:
     b = _Builder()
     recomputes = 0
     hints = set()
+    unwritten = []
     for f in part.files:
+        if unfinished(f.path):
+            unwritten.append(f.name)
+            continue
         value, meta = _read_record(f)
         name = _check_name(f, meta)
         hints.add(_family_hint(meta))
@@ -420,6 +435,9 @@ def load_part(part: DumperPart) -> Dump:
         b.add(kind, direction, path, leaf, leaves, f.index)
     entries = b.entries()
     notes = [f"SGLang dumper folder, step {part.step}, rank {part.rank}: {len(part.files)} files"] + b.notes
+    if unwritten:
+        notes.append(f"{len(unwritten)} files the dumper could not finish writing (no data.pkl) skipped: "
+                     f"{', '.join(unwritten[:3])}{' ...' if len(unwritten) > 3 else ''}")
     if recomputes:
         notes.append(f"{recomputes} dumps of recomputed forwards skipped: they repeat the original forward")
     hints.discard(None)

@@ -1,0 +1,211 @@
+"""Write real SGLang-dumper dumps of a tiny Llama run, and msprobe dumps of the same run.
+
+Not used by the tests (they read what this wrote, committed under tests/data/real_sglang/); rerun
+it to regenerate them. Needs torch (CPU) and transformers, mindstudio-probe for the msprobe
+copies, and an SGLang wheel, whose ``sglang/srt/debug_utils/dumper.py`` is imported as a single
+file (nothing of SGLang is copied here or committed):
+
+    pip download sglang==0.5.23 --no-deps -d /tmp/sgl
+    python tools/make_sglang_dumps.py --wheel /tmp/sgl/sglang-0.5.23-*.whl OUT
+
+The dumper's other imports (ZMQ and SGLang's runtime context, used only by its HTTP control and
+its in-server plugin) are replaced by empty stand-ins, so the dumper runs as it does in a plain
+training script: the SGLang plugin is absent and the Megatron one reports that no parallel state
+is set up. Runs, each in its own process (the dumper and msprobe are process-wide singletons):
+
+* ``OUT/dumper/train``: HF ``LlamaForCausalLM`` (fixed seed), non-intrusive mode ``all`` plus
+  ``dump_model`` (the parameters), one forward, one step;
+* ``OUT/dumper/rollout``: the same weights in the vLLM-structured re-creation of
+  ``tools/real_dumps/vllm_like.py`` (fused qkv/gate_up, add+norm, token-first), with
+  ``model.layers.1.mlp.down_proj.weight`` stale (the weight before the last update), same
+  tokens;
+* ``OUT/named/{train,rollout}``: the same two runs dumped by hand-written calls
+  ``dumper.dump(name, x, layer_id=i, dims=...)`` with the same names on both sides, as the Miles
+  framework does;
+* ``OUT/msprobe/{train,rollout}``: the same two runs dumped by msprobe (statistics, L0).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DUMPER_MEMBER = "sglang/srt/debug_utils/dumper.py"
+RUNS = ("dumper/train", "dumper/rollout", "named/train", "named/rollout", "msprobe/train", "msprobe/rollout")
+TOKENS = [1, 5, 9, 3, 7, 2, 11, 4]
+FAULT = "model.layers.1.mlp.down_proj.weight"
+
+
+def _stub(name: str, **attrs) -> None:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    sys.modules[name] = mod
+
+
+def import_dumper(wheel: Path, out: Path, exp_name: str, mode: str = "all"):
+    """The dumper singleton of the wheel's dumper.py, configured to write ``out/<exp_name>``."""
+    with zipfile.ZipFile(wheel) as zf:
+        source = zf.read(DUMPER_MEMBER)
+    tmp = Path(tempfile.mkdtemp(prefix="sgl_dumper_"))
+    (tmp / "sgl_dumper.py").write_bytes(source)
+    for name in ("zmq", "sglang", "sglang.srt", "sglang.srt.managers"):
+        _stub(name)
+    _stub("sglang.srt.managers.io_struct", sock_recv=None, sock_send=None, wrap_as_pickle=None)
+    _stub("sglang.srt.runtime_context", get_parallel=None, get_server_args=None, get_serving=None)
+    _stub("sglang.srt.utils", get_device=lambda: "cpu")
+    os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=str(out), DUMPER_EXP_NAME=exp_name,
+                      DUMPER_NON_INTRUSIVE_MODE=mode, DUMPER_ENABLE_OUTPUT_CONSOLE="0",
+                      DUMPER_ENABLE_MODEL_VALUE="1")
+    spec = importlib.util.spec_from_file_location("sgl_dumper", tmp / "sgl_dumper.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sgl_dumper"] = module   # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    shutil.rmtree(tmp)
+    return module.dumper
+
+
+def _hf_model():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _stale(model) -> None:
+    """Set the fault weight back to what it was before a last optimizer update."""
+    import torch
+
+    w = dict(model.named_parameters())[FAULT]
+    update = 0.05 * torch.randn(w.shape, generator=torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        w.sub_(update)
+
+
+def _rollout_model():
+    """This TP rank's vLLM-structured model, loaded from the HF weights with the fault planted."""
+    from real_dumps import vllm_like   # tools/real_dumps (branch corpus)
+
+    hf = _hf_model()
+    _stale(hf)
+    model = vllm_like.build(hf.config)
+    model.load_weights(dict(hf.state_dict()))
+    return model.eval()
+
+
+def _forward(side: str, model) -> None:
+    """One training forward (HF, [batch, seq]) or one engine forward (token-first ids, positions)."""
+    import torch
+
+    ids = torch.tensor(TOKENS)
+    with torch.no_grad():
+        if side == "train":
+            model(input_ids=ids[None])
+        else:
+            model.compute_logits(model(ids, torch.arange(len(TOKENS))))
+
+
+def _named_hooks(dumper, model, side: str) -> None:
+    """Hand-written dumps of the residual stream entering each layer, each layer's MLP output and
+    the final norm's output, named alike on both sides and annotated with their dims."""
+    token_first = side == "rollout"
+    dims = "t h" if token_first else "b s h"
+
+    def at_layer_start(i):
+        def hook(_mod, args, kwargs):
+            if token_first:   # vLLM layers take (positions, hidden, residual): the stream is their sum
+                hidden, residual = args[1], args[2]
+                stream = hidden if residual is None else hidden + residual
+            else:
+                stream = args[0] if args else kwargs["hidden_states"]
+            dumper.dump("layer_start__hidden_states", stream, layer_id=i, dims=dims)
+        return hook
+
+    def after_mlp(i):
+        def hook(_mod, _args, output):
+            dumper.dump("mlp_output", output, layer_id=i, dims=dims)
+        return hook
+
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(at_layer_start(i), with_kwargs=True)
+        layer.mlp.register_forward_hook(after_mlp(i))
+
+    def final(_mod, _args, output):
+        dumper.dump("final_norm__hidden_states", output[0] if isinstance(output, tuple) else output, dims=dims)
+    model.model.norm.register_forward_hook(final)
+
+
+def _one_rank(wheel: Path, out: Path, kind: str, side: str) -> None:
+    model = _hf_model() if side == "train" else _rollout_model()
+    if kind == "msprobe":
+        from real_dumps.msprobe_run import Probe   # tools/real_dumps (branch corpus)
+        Probe(str(out / kind / side)).forward(model, lambda: _forward(side, model))
+        return
+    dumper = import_dumper(wheel, out / kind, side, mode="all" if kind == "dumper" else "off")
+    if kind == "dumper":
+        dumper.register_non_intrusive_dumper(model)
+        _forward(side, model)
+        # vLLM/SGLang parameters carry a bound ``weight_loader``: torch.save would pickle the whole
+        # module with them (the dumper then leaves a file without data.pkl), so drop it first.
+        for p in model.parameters():
+            p.__dict__.pop("weight_loader", None)
+        dumper.dump_model(model)
+    else:
+        _named_hooks(dumper, model, side)
+        _forward(side, model)
+    dumper.step()
+
+
+def run_one(wheel: Path, out: Path, run: str, tp: int) -> None:
+    """One run: the train side in this process, the rollout side on ``tp`` ranks (gloo)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from real_dumps.msprobe_run import run_ranks, stable_proc_names
+
+    kind, side = run.split("/")
+    run_ranks(_one_rank, 0 if side == "train" else tp, wheel, out, kind, side)
+    if kind == "msprobe":
+        stable_proc_names(out / kind / side)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="folder to write dumper/, named/, msprobe/ into (replaced)")
+    ap.add_argument("--wheel", required=True, help="an SGLang wheel (pip download sglang --no-deps)")
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the rollout (default 2)")
+    ap.add_argument("--run", choices=RUNS, help=argparse.SUPPRESS)   # one run, in a child process
+    args = ap.parse_args(argv)
+    wheel, out = Path(args.wheel), Path(args.out)
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        print(f"error: {exc.name} is not installed (pip install torch transformers)", file=sys.stderr)
+        return 2
+    if not zipfile.is_zipfile(wheel) or DUMPER_MEMBER not in zipfile.ZipFile(wheel).namelist():
+        print(f"error: {wheel}: not a wheel holding {DUMPER_MEMBER}", file=sys.stderr)
+        return 2
+    if args.run:
+        run_one(wheel, out, args.run, args.tp)
+        return 0
+    for kind in ("dumper", "named", "msprobe"):
+        shutil.rmtree(out / kind, ignore_errors=True)
+    for run in RUNS:
+        subprocess.run([sys.executable, __file__, str(out), "--wheel", str(wheel), "--tp", str(args.tp),
+                        "--run", run], check=True)
+    print(f"wrote {out}/{{dumper,named,msprobe}}/{{train,rollout}}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
