@@ -22,7 +22,15 @@ is set up. Runs, each in its own process (the dumper and msprobe are process-wid
 * ``OUT/named/{train,rollout}``: the same two runs dumped by hand-written calls
   ``dumper.dump(name, x, layer_id=i, dims=...)`` with the same names on both sides, as the Miles
   framework does;
-* ``OUT/msprobe/{train,rollout}``: the same two runs dumped by msprobe (statistics, L0).
+* ``OUT/msprobe/{train,rollout}``: the same two runs dumped by msprobe (statistics, L0);
+* ``OUT/bad/``: files named as the dumper names them that hold something else (a dict of
+  tensors, a pickle calling ``os.system``, a name leading out of the folder), and an archive the
+  dumper left unfinished when torch.save failed on a value;
+* ``OUT/old/`` (with ``--old-wheel``, e.g. 0.5.2): the HF run dumped by hand with a dumper from
+  before 0.5.3, which saves bare tensors and counts ``forward_pass_id``, over two forwards.
+
+The rollout runs on ``--tp`` ranks (default 2, gloo), so its folders hold one ``rank`` tag per
+rank (dumper) or one ``rank<r>`` folder per rank (msprobe).
 """
 from __future__ import annotations
 
@@ -117,8 +125,9 @@ def _forward(side: str, model) -> None:
 
 
 def _named_hooks(dumper, model, side: str) -> None:
-    """Hand-written dumps of the residual stream entering each layer, each layer's MLP output and
-    the final norm's output, named alike on both sides and annotated with their dims."""
+    """Hand-written dumps of the residual stream entering each layer, the attention heads entering
+    o_proj, each layer's MLP output and the final norm's output, named alike on both sides and
+    annotated with their dims."""
     token_first = side == "rollout"
     dims = "t h" if token_first else "b s h"
 
@@ -132,6 +141,14 @@ def _named_hooks(dumper, model, side: str) -> None:
             dumper.dump("layer_start__hidden_states", stream, layer_id=i, dims=dims)
         return hook
 
+    def before_o_proj(i):
+        # The attention heads entering o_proj: split over TP ranks on the rollout (RowParallelLinear).
+        heads = "t (num_heads*head_dim)[tp]" if token_first else "b s (num_heads*head_dim)"
+
+        def hook(_mod, args):
+            dumper.dump("attn_core_output", args[0], layer_id=i, dims=heads)
+        return hook
+
     def after_mlp(i):
         def hook(_mod, _args, output):
             dumper.dump("mlp_output", output, layer_id=i, dims=dims)
@@ -139,6 +156,7 @@ def _named_hooks(dumper, model, side: str) -> None:
 
     for i, layer in enumerate(model.model.layers):
         layer.register_forward_pre_hook(at_layer_start(i), with_kwargs=True)
+        layer.self_attn.o_proj.register_forward_pre_hook(before_o_proj(i))
         layer.mlp.register_forward_hook(after_mlp(i))
 
     def final(_mod, _args, output):
@@ -178,12 +196,67 @@ def run_one(wheel: Path, out: Path, run: str, tp: int) -> None:
         stable_proc_names(out / kind / side)
 
 
+class _RunsCode:
+    """Pickles as a call of os.system: what a hostile file would hold."""
+
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def bad_inputs(wheel: Path, out: Path) -> None:
+    """Files named as the dumper names them that the loader must refuse (and one it must skip)."""
+    import threading
+
+    import torch
+
+    name = "step=0___rank=0___dump_index=1___name=x___recompute_status=disabled.pt"
+    meta = {"step": 0, "rank": 0, "dump_index": 1, "name": "x", "recompute_status": "disabled"}
+    value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    for case, obj in (("not_a_record", {"a": value, "b": value}),
+                      ("hostile", {"value": _RunsCode(), "meta": meta}),
+                      ("path_name", {"value": value, "meta": {**meta, "name": "../../outside/x"}})):
+        (out / "bad" / case).mkdir(parents=True)
+        torch.save(obj, out / "bad" / case / name)
+    # The dumper itself leaves an archive without data.pkl when torch.save fails on a value.
+    dumper = import_dumper(wheel, out / "bad", "unfinished", mode="off")
+    dumper.dump("hidden", value, layer_id=0)
+    dumper.dump("state", {"lock": threading.Lock()}, layer_id=0)
+    dumper.step()
+
+
+def old_format(wheel: Path, out: Path) -> None:
+    """The HF train run dumped by hand with an old dumper (bare tensors, ``forward_pass_id``),
+    over two forward passes."""
+    import torch
+
+    with zipfile.ZipFile(wheel) as zf:
+        source = zf.read(DUMPER_MEMBER)
+    tmp = Path(tempfile.mkdtemp(prefix="sgl_dumper_old_"))
+    (tmp / "sgl_dumper_old.py").write_bytes(source)
+    os.environ.update(SGLANG_DUMPER_ENABLE="1", SGLANG_DUMPER_DIR=str(out / "old"))
+    spec = importlib.util.spec_from_file_location("sgl_dumper_old", tmp / "sgl_dumper_old.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shutil.rmtree(tmp)
+    dumper, model = module.dumper, _hf_model()
+    for i, layer in enumerate(model.model.layers):
+        layer.mlp.register_forward_hook(lambda _m, _a, y, i=i: dumper.dump("mlp_output", y, layer_id=i))
+    with torch.no_grad():
+        for ids in (TOKENS, TOKENS[:4]):
+            dumper.on_forward_pass_start()
+            model(input_ids=torch.tensor([ids]))
+    # It names its folder after the clock (sglang_dump_<time>): a fixed name keeps paths stable.
+    for folder in (out / "old").glob("sglang_dump_*"):
+        folder.rename(folder.with_name("sglang_dump_0"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="folder to write dumper/, named/, msprobe/ into (replaced)")
     ap.add_argument("--wheel", required=True, help="an SGLang wheel (pip download sglang --no-deps)")
+    ap.add_argument("--old-wheel", help="an SGLang wheel from before 0.5.3 (e.g. 0.5.2) for OUT/old/")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the rollout (default 2)")
-    ap.add_argument("--run", choices=RUNS, help=argparse.SUPPRESS)   # one run, in a child process
+    ap.add_argument("--run", choices=RUNS + ("bad", "old"), help=argparse.SUPPRESS)   # one run, in a child process
     args = ap.parse_args(argv)
     wheel, out = Path(args.wheel), Path(args.out)
     try:
@@ -192,18 +265,26 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"error: {exc.name} is not installed (pip install torch transformers)", file=sys.stderr)
         return 2
-    if not zipfile.is_zipfile(wheel) or DUMPER_MEMBER not in zipfile.ZipFile(wheel).namelist():
-        print(f"error: {wheel}: not a wheel holding {DUMPER_MEMBER}", file=sys.stderr)
-        return 2
-    if args.run:
+    for w in filter(None, (wheel, args.old_wheel)):
+        if not zipfile.is_zipfile(w) or DUMPER_MEMBER not in zipfile.ZipFile(w).namelist():
+            print(f"error: {w}: not a wheel holding {DUMPER_MEMBER}", file=sys.stderr)
+            return 2
+    if args.run == "bad":
+        bad_inputs(wheel, out)
+    elif args.run == "old":
+        old_format(wheel, out)
+    elif args.run:
         run_one(wheel, out, args.run, args.tp)
+    if args.run:
         return 0
-    for kind in ("dumper", "named", "msprobe"):
+    for kind in ("dumper", "named", "msprobe", "bad", "old"):
         shutil.rmtree(out / kind, ignore_errors=True)
-    for run in RUNS:
-        subprocess.run([sys.executable, __file__, str(out), "--wheel", str(wheel), "--tp", str(args.tp),
-                        "--run", run], check=True)
-    print(f"wrote {out}/{{dumper,named,msprobe}}/{{train,rollout}}", file=sys.stderr)
+    runs = RUNS + ("bad",) + (("old",) if args.old_wheel else ())
+    for run in runs:
+        subprocess.run([sys.executable, __file__, str(out), "--wheel", str(args.old_wheel if run == "old" else wheel),
+                        "--tp", str(args.tp), "--run", run], check=True)
+    print(f"wrote {out}/{{dumper,named,msprobe}}/{{train,rollout}}, {out}/bad/"
+          + (f", {out}/old/" if args.old_wheel else ""), file=sys.stderr)
     return 0
 
 

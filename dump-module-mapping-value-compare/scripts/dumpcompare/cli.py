@@ -24,6 +24,9 @@ from .unshard import merge_ranks
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 SIDES = ("train", "rollout")
+# A family whose tensors have the token layout a dump declares (compare/tensors.py lays tensors
+# out by family); the naming keeps the side's own family.
+LAYOUT_FAMILY = {"t": "vllm", "bs": "hf", "sb": "megatron"}
 # Runs on inputs below this size take seconds: no progress lines for them.
 PROGRESS_MIN_BYTES = 32 << 20
 
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> dict:
         dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
     say("mapping and comparing")
     plan = build_plan(recs["train"], recs["rollout"], namer)
-    views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
+    views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]), [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
     use_tensors = not args.statistics_only
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)

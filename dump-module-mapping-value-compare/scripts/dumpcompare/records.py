@@ -44,6 +44,9 @@ class Leaf:
     # float64 [calls, 4] of Max, Min, Mean, Norm per call, NaN where a statistic is absent.
     # The scalar fields above always hold call 0.
     per_call: Any = None
+    # How the tensor-parallel ranks' copies join, when the dump says so (an SGLang dumper ``dims``
+    # annotation, loaders/dims.py): used by unshard.py instead of a guess.
+    shard_hint: str | None = None
 
     @property
     def numel(self) -> int | None:
@@ -87,3 +90,4 @@ class Dump:
     skipped_keys: list[str] = field(default_factory=list)
     folded: bool = False       # repeated calls were folded into one entry per module
     family: str | None = None  # engine family the dump itself records (SGLang dumper meta), if any
+    layout: str | None = None  # token layout its annotations declare: "t", "bs" or "sb" (loaders/dims.py)

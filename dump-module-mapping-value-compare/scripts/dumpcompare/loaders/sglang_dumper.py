@@ -22,6 +22,7 @@ from ..compare.sources import BLOCK_BYTES
 from ..compare.tensors import Moments
 from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
+from . import dims as D
 from ..tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor, widen_bf16
 
 FORMAT = "sglang"
@@ -402,6 +403,7 @@ def load_part(part: DumperPart) -> Dump:
     recomputes = 0
     hints = set()
     unwritten = []
+    layouts: set = set()
     for f in part.files:
         if unfinished(f.path):
             unwritten.append(f.name)
@@ -432,6 +434,11 @@ def load_part(part: DumperPart) -> Dump:
             kind, path, leaf = "module", name if layer is None else f"layers.{layer}.{name}", "output.0"
         leaves = []
         _value_leaves(leaf, value, f.path, leaves)
+        annotation = meta.get("dims")   # a gradient's file carries its own (dims_grad) here
+        if annotation is not None:
+            layouts.add(D.layout(annotation) or "unknown")
+            for lf in leaves:
+                lf.shard_hint = D.shard_rule(annotation) if lf.is_tensor else None
         b.add(kind, direction, path, leaf, leaves, f.index)
     entries = b.entries()
     notes = [f"SGLang dumper folder, step {part.step}, rank {part.rank}: {len(part.files)} files"] + b.notes
@@ -441,9 +448,11 @@ def load_part(part: DumperPart) -> Dump:
     if recomputes:
         notes.append(f"{recomputes} dumps of recomputed forwards skipped: they repeat the original forward")
     hints.discard(None)
+    layouts.discard("unknown")   # annotations without a token axis (weights) say nothing of it
     return Dump(path=part.folder, dump_dir=part.folder, fmt=FORMAT, task="tensor", level="L0",
                 framework=None, dump_data_dir=None, entries=entries, notes=notes,
-                family=hints.pop() if len(hints) == 1 else None)
+                family=hints.pop() if len(hints) == 1 else None,
+                layout=layouts.pop() if len(layouts) == 1 else None)
 
 
 def _layer_tag(f: DumperFile):
