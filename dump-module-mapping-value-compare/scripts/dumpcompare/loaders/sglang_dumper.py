@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from ..compare.sources import BLOCK_BYTES
-from ..compare.tensors import Moments
 from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
 from . import dims as D
@@ -230,25 +229,40 @@ def _tensor_leaf(name: str, path: Path, info: TensorInfo) -> Leaf:
 
 
 def _statistics(path: Path, dtype: str) -> tuple:
-    """Max, Min, Mean, Norm of the file's tensor, read block by block; Mean and Norm are None for
-    integer and boolean tensors, as msprobe leaves them."""
+    """Max, Min, Mean, Norm of the file's tensor, read block by block, computed as msprobe
+    computes them so that a mixed pair compares like with like: sums of float tensors of up to 32
+    bits accumulate in float32 (an attention mask of -3.4e38 has Mean -inf and Norm inf in both);
+    Mean and Norm are None for integer and boolean tensors."""
     arr, raw_bf16 = open_tensor(path)
-    moments = Moments()
+    acc = np.float64 if dtype in ("float64", "complex128") else np.float32
+    mx = mn = None
+    total = squares = acc(0)
     if arr.ndim == 0:
         blocks = [arr]
     else:
         row = max(1, arr[0].size if arr.shape[0] else 1) * 8
         step = max(1, BLOCK_BYTES // row)
         blocks = (arr[lo:lo + step] for lo in range(0, arr.shape[0], step))
-    for b in blocks:
-        b = widen_bf16(b) if raw_bf16 else b
-        moments.add(np.asarray(b, dtype=np.float64))
-    if not moments.size:
-        return None, None, None, None
-    mx, mn, mean, norm = moments.result()
-    if dtype.startswith(("int", "uint", "bool")):
-        return mx, mn, None, None
-    return mx, mn, mean, norm
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in blocks:
+            b = np.asarray(widen_bf16(b) if raw_bf16 else b)
+            if not b.size:
+                continue
+            if b.dtype.kind == "c":
+                b = np.abs(b)   # complex values are ordered by magnitude
+            bmax, bmin = float(b.max()), float(b.min())
+            # np.maximum keeps a NaN, as torch.max does
+            mx = bmax if mx is None else float(np.maximum(mx, bmax))
+            mn = bmin if mn is None else float(np.minimum(mn, bmin))
+            v = b.astype(acc)
+            total = acc(total + np.sum(v, dtype=acc))
+            squares = acc(squares + np.sum(v * v, dtype=acc))
+        size = arr.size
+        if not size:
+            return None, None, None, None
+        if dtype.startswith(("int", "uint", "bool")):
+            return mx, mn, None, None
+        return mx, mn, float(total / acc(size)), float(np.sqrt(squares))
 
 
 def _value_leaves(prefix: str, value: Any, path: Path | None, out: list[Leaf]) -> None:
