@@ -9,7 +9,7 @@ from . import evidence, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
-                       "rollout_family", "naming", "tolerances", "jobs")
+                       "rollout_family", "format", "naming", "tolerances", "jobs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,9 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "output_5_root_cause_report.json (the markdown report is written by the agent).",
         epilog="Exit codes: 0 the analysis ran (any verdict); 1 with --fail-on-finding when the verdict is not "
                "no_credible_divergence; 2 usage or input error, or the sibling skill is missing or failed.")
-    ap.add_argument("--train", required=True, help="train-side dump.json, or a folder holding one")
-    ap.add_argument("--rollout", required=True, help="rollout-side dump.json, or a folder holding one")
+    ap.add_argument("--train", required=True,
+                    help="train-side dump.json, a folder holding one, or an SGLang dumper folder")
+    ap.add_argument("--rollout", required=True,
+                    help="rollout-side dump.json, a folder holding one, or an SGLang dumper folder")
     ap.add_argument("--out-dir", required=True, help="folder for output_1..output_5")
+    ap.add_argument("--format", help="passed to the compare step (auto, msprobe, generic, sglang; default auto)")
     for side in ("train", "rollout"):
         ap.add_argument(f"--{side}-step", help="passed to the compare step")
         ap.add_argument(f"--{side}-rank", help="passed to the compare step")
