@@ -27,7 +27,7 @@ is set up. Runs, each in its own process (the dumper and msprobe are process-wid
   tensors, a pickle calling ``os.system``, a name leading out of the folder), and an archive the
   dumper left unfinished when torch.save failed on a value;
 * ``OUT/old/`` (with ``--old-wheel``, e.g. 0.5.2): the HF run dumped by hand with a dumper from
-  before 0.5.3, which saves bare tensors and counts ``forward_pass_id``, over two forwards.
+  before 0.5.9, which saves bare tensors and counts ``forward_pass_id``, over two forwards.
 
 The rollout runs on ``--tp`` ranks (default 2, gloo), so its folders hold one ``rank`` tag per
 rank (dumper) or one ``rank<r>`` folder per rank (msprobe).
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="folder to write dumper/, named/, msprobe/ into (replaced)")
     ap.add_argument("--wheel", required=True, help="an SGLang wheel (pip download sglang --no-deps)")
-    ap.add_argument("--old-wheel", help="an SGLang wheel from before 0.5.3 (e.g. 0.5.2) for OUT/old/")
+    ap.add_argument("--old-wheel", help="an SGLang wheel from before 0.5.9 (e.g. 0.5.2) for OUT/old/")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the rollout (default 2)")
     ap.add_argument("--run", choices=RUNS + ("bad", "old"), help=argparse.SUPPRESS)   # one run, in a child process
     args = ap.parse_args(argv)

@@ -2,8 +2,8 @@
 
 The dumper saves one ``.pt`` file per dumped value, named by its tags joined with ``___``
 (``step=0___rank=0___dump_index=7___name=...___layer_id=3.pt``), all steps and ranks of an
-experiment in one folder. A file holds ``{"value": tensor, "meta": {...}}`` (before 0.5.3 the
-bare value, and ``forward_pass_id`` instead of ``step``). The files of one (folder, step, rank)
+experiment in one folder. A file holds ``{"value": tensor, "meta": {...}}`` (before 0.5.9 the
+bare value; before 0.5.10 ``forward_pass_id`` instead of ``step``). The files of one (folder, step, rank)
 make one :class:`Dump`, the counterpart of one msprobe ``dump.json``, so that naming, mapping
 and comparison run unchanged. What the names mean and which versions are followed is in
 references/input_formats.md ("SGLang dumper folders").
@@ -313,7 +313,7 @@ def _read_record(f: DumperFile) -> tuple[Any, dict]:
             raise InputError(f"{f.path}: not an SGLang dumper file: 'meta' is a {type(meta).__name__}")
         return tree["value"], meta
     if isinstance(tree, TensorInfo):
-        return tree, {}          # written before 0.5.3: the bare tensor, tags in the name only
+        return tree, {}          # written before 0.5.9: the bare tensor, tags in the name only
     raise InputError(f"{f.path}: not an SGLang dumper file: holds a {type(tree).__name__}, not "
                      "{'value': ..., 'meta': {...}} or a tensor")
 
