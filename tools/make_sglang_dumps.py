@@ -23,6 +23,10 @@ is set up. Runs, each in its own process (the dumper and msprobe are process-wid
   ``dumper.dump(name, x, layer_id=i, dims=...)`` with the same names on both sides, as the Miles
   framework does;
 * ``OUT/msprobe/{train,rollout}``: the same two runs dumped by msprobe (statistics, L0);
+* ``OUT/gen/{rollout,train}``: the rollout (one rank) generating 3 tokens greedily with a dumper
+  step per engine forward (step 0 the 8-token prefill, steps 1 and 2 one token each), and the
+  train forward over the 10 tokens the rollout saw (``OUT/gen/tokens.json``); no parameters, and
+  only the MLPs, the embedding and the logits (the dumper's ``filter``);
 * ``OUT/bad/``: files named as the dumper names them that hold something else (a dict of
   tensors, a pickle calling ``os.system``, a name leading out of the folder), and an archive the
   dumper left unfinished when torch.save failed on a value;
@@ -35,6 +39,7 @@ rank (dumper) or one ``rank<r>`` folder per rank (msprobe).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -47,9 +52,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DUMPER_MEMBER = "sglang/srt/debug_utils/dumper.py"
-RUNS = ("dumper/train", "dumper/rollout", "named/train", "named/rollout", "msprobe/train", "msprobe/rollout")
+RUNS = ("dumper/train", "dumper/rollout", "named/train", "named/rollout", "msprobe/train", "msprobe/rollout",
+        "gen/rollout", "gen/train")   # gen/train reads the tokens gen/rollout generated
 TOKENS = [1, 5, 9, 3, 7, 2, 11, 4]
 FAULT = "model.layers.1.mlp.down_proj.weight"
+GEN_TOKENS = 3
 
 
 def _stub(name: str, **attrs) -> None:
@@ -58,8 +65,9 @@ def _stub(name: str, **attrs) -> None:
     sys.modules[name] = mod
 
 
-def import_dumper(wheel: Path, out: Path, exp_name: str, mode: str = "all"):
-    """The dumper singleton of the wheel's dumper.py, configured to write ``out/<exp_name>``."""
+def import_dumper(wheel: Path, out: Path, exp_name: str, mode: str = "all", only: str | None = None):
+    """The dumper singleton of the wheel's dumper.py, configured to write ``out/<exp_name>``
+    (with ``only``, the dumper's own filter keeps the names this regex finds)."""
     with zipfile.ZipFile(wheel) as zf:
         source = zf.read(DUMPER_MEMBER)
     tmp = Path(tempfile.mkdtemp(prefix="sgl_dumper_"))
@@ -72,6 +80,8 @@ def import_dumper(wheel: Path, out: Path, exp_name: str, mode: str = "all"):
     os.environ.update(DUMPER_ENABLE="1", DUMPER_DIR=str(out), DUMPER_EXP_NAME=exp_name,
                       DUMPER_NON_INTRUSIVE_MODE=mode, DUMPER_ENABLE_OUTPUT_CONSOLE="0",
                       DUMPER_ENABLE_MODEL_VALUE="1")
+    if only:
+        os.environ["DUMPER_FILTER"] = f"search({only!r}, name) is not None"
     spec = importlib.util.spec_from_file_location("sgl_dumper", tmp / "sgl_dumper.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["sgl_dumper"] = module   # dataclasses look their module up while the file runs
@@ -185,12 +195,44 @@ def _one_rank(wheel: Path, out: Path, kind: str, side: str) -> None:
     dumper.step()
 
 
+def _generation(wheel: Path, out: Path, side: str) -> None:
+    """The rollout generating GEN_TOKENS tokens greedily, one dumper step per engine forward
+    (step 0 the prefill, then one per decoded token); the train side's forward over the prompt and
+    the tokens the rollout fed back."""
+    import json
+
+    import torch
+
+    tokens = out / "gen" / "tokens.json"
+    # The dumper's filter keeps the files few: the MLPs, the embedding and the logits.
+    dumper = import_dumper(wheel, out / "gen", side, only=r"mlp|embed_tokens|logits|lm_head")
+    model = _hf_model() if side == "train" else _rollout_model()
+    dumper.register_non_intrusive_dumper(model)
+    if side == "rollout":
+        from real_dumps import vllm_like
+
+        @contextlib.contextmanager
+        def one_step(_i):
+            yield
+            dumper.step()
+
+        new = vllm_like.generate(model, TOKENS, GEN_TOKENS, step_scope=one_step)
+        tokens.write_text(json.dumps(TOKENS + new[:-1]))   # the last sampled token is never fed back
+        return
+    with torch.no_grad():
+        model(input_ids=torch.tensor([json.loads(tokens.read_text())]))
+    dumper.step()
+
+
 def run_one(wheel: Path, out: Path, run: str, tp: int) -> None:
     """One run: the train side in this process, the rollout side on ``tp`` ranks (gloo)."""
     sys.path.insert(0, str(ROOT / "tools"))
     from real_dumps.msprobe_run import run_ranks, stable_proc_names
 
     kind, side = run.split("/")
+    if kind == "gen":   # one rollout rank: a generation's steps are what this run shows
+        run_ranks(_generation, 0 if side == "train" else 1, wheel, out, side)
+        return
     run_ranks(_one_rank, 0 if side == "train" else tp, wheel, out, kind, side)
     if kind == "msprobe":
         stable_proc_names(out / kind / side)
@@ -277,13 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         run_one(wheel, out, args.run, args.tp)
     if args.run:
         return 0
-    for kind in ("dumper", "named", "msprobe", "bad", "old"):
+    for kind in ("dumper", "named", "msprobe", "gen", "bad", "old"):
         shutil.rmtree(out / kind, ignore_errors=True)
     runs = RUNS + ("bad",) + (("old",) if args.old_wheel else ())
     for run in runs:
         subprocess.run([sys.executable, __file__, str(out), "--wheel", str(args.old_wheel if run == "old" else wheel),
                         "--tp", str(args.tp), "--run", run], check=True)
-    print(f"wrote {out}/{{dumper,named,msprobe}}/{{train,rollout}}, {out}/bad/"
+    print(f"wrote {out}/{{dumper,named,msprobe,gen}}/{{train,rollout}}, {out}/bad/"
           + (f", {out}/old/" if args.old_wheel else ""), file=sys.stderr)
     return 0
 

@@ -135,6 +135,26 @@ def test_hand_named_dumps_map_by_name_and_layer_with_dims(run):
     assert doc4["first_divergence"]["train_modules"] == ["layers.1.mlp_output"]
 
 
+def test_prefill_and_decode_steps_join_into_one_generation(run):
+    """A rollout dumped with one dumper step per engine forward: its prefill and decode steps,
+    joined with a step range, compare with the train's single forward over the same tokens."""
+    res = run("--train", DATA / "gen" / "train", "--rollout", DATA / "gen" / "rollout")
+    assert res.rc == 2 and "steps 0, 1, 2" in res.err
+    res = run("--train", DATA / "gen" / "train", "--rollout", DATA / "gen" / "rollout", "--rollout-step", "0-2")
+    assert res.rc == 0, res.err
+    doc1 = json.loads((res.dir / "output_1_key_mapping.json").read_text())
+    doc3 = json.loads((res.dir / "output_3_value_compare.json").read_text())
+    doc4 = json.loads((res.dir / "output_4_module_analysis.json").read_text())
+    assert "steps 0, 1, 2 joined as calls 0..2 of each module" in doc1["sources"]["rollout"]["notes"]
+    tokens = next(r for r in doc3["results"] if r["point"] == "M.tokens")
+    assert tokens["rollout"]["shapes"] == [[8], [1], [1]] and tokens["train"]["shapes"] == [[1, 10]]
+    assert tokens["status"] == "match" and "rollout calls 0..2 stitched along the tokens" in tokens["notes"]
+    fd = doc4["first_divergence"]
+    assert fd["rollout_modules"] == ["model.layers.1.mlp.down_proj"] and fd["point"] == "L1.mlp_out"
+    bad = next(r for r in doc3["results"] if r["point"] == "L1.mlp_out")
+    assert bad["status"] == "mismatch" and bad["tensor_metrics"]["first_token_past_tol"] == 0
+
+
 def test_old_dumper_bare_tensors_and_step_chains(run):
     res = run("--train", DATA / "old", "--rollout", DATA / "old")
     assert res.rc == 2 and "steps 1, 2" in res.err
