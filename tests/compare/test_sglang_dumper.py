@@ -11,7 +11,8 @@ import pytest
 from dumpcompare.cli import main as cli_main
 from dumpcompare.loaders import detect_format, load_path
 from dumpcompare.loaders import dims as D
-from dumpcompare.loaders.sglang_dumper import CORE_FIELDS, find_parts, load_part, parse_name, select_parts, split_non_intrusive
+from dumpcompare.loaders.sglang_dumper import (CORE_FIELDS, find_parts, load_part, parse_name, select_parts,
+                                               split_non_intrusive)
 from dumpcompare.errors import InputError
 from dumpcompare.naming import ModuleRecord
 from dumpcompare.records import Leaf
@@ -193,8 +194,7 @@ def test_format_option(run, tmp_path):
     assert res.rc == 2 and "no dump.json" in res.err
     stray = tmp_path / "stray"
     stray.mkdir()
-    shutil.copy(DATA / "bad" / "not_a_record" / "step=0___rank=0___dump_index=1___name=x___recompute_status=disabled.pt",
-                stray / "weights.pt")
+    shutil.copy(next((DATA / "bad" / "not_a_record").glob("*.pt")), stray / "weights.pt")
     assert detect_format(str(stray)) == "msprobe"    # a .pt file not named by the dumper is not a dumper folder
     with pytest.raises(InputError, match="no SGLang dumper file"):
         select_parts(str(stray), "train", None, None)

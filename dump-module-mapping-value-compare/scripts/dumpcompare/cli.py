@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_compare.py",
         description="Map modules of a train dump and a rollout dump (msprobe dump.json, the generic JSON "
                     "format, or an SGLang dumper folder) across engines, compare their values and rank "
-                    "divergences. Writes output_1_key_mapping.* .. output_4_module_analysis.* into --out-dir.",
+                    "divergences. Writes output_1_key_mapping.* .. output_4_module_analysis.* into "
+                    "--out-dir.",
         epilog="Exit codes: 0 the comparison ran (with or without findings); 2 bad usage or unreadable "
                "input; 1 internal error.")
     ap.add_argument("--train", required=True,
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> dict:
     for s in SIDES:
         fmt = args.format if args.format != "auto" else detect_format(getattr(args, s))
         if fmt == "sglang":
-            files[s] = select_parts(getattr(args, s), s, getattr(args, f"{s}_step"), getattr(args, f"{s}_rank"))
+            files[s] = select_parts(getattr(args, s), s, getattr(args, f"{s}_step"),
+                                    getattr(args, f"{s}_rank"))
             chains[s] = [row[0].step for row in files[s]]
         else:
             chains[s] = steps[s] if isinstance(steps[s], list) else [steps[s]]
@@ -110,7 +112,8 @@ def run(args: argparse.Namespace) -> dict:
         dumps[s] = merge_ranks(ranks, recs[s], namer.p.get("tensor_parallel", {}) or {})
     say("mapping and comparing")
     plan = build_plan(recs["train"], recs["rollout"], namer)
-    views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]), [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
+    views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
+                         [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
     use_tensors = not args.statistics_only
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)

@@ -13,14 +13,12 @@ from .jsonstream import StreamState, iter_entries
 from .sglang_dumper import DumperPart, load_part, looks_like_dumper
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
+FORMATS = ("auto", "msprobe", "generic", "sglang")
 
 
 def load_side(arg: str, side: str, step: str | None = None, rank: str | None = None) -> Dump:
     """Load one side's dump from a file or folder argument (see ``resolve_dump_file``)."""
     return load_path(resolve_dump_file(arg, side, step, rank))
-
-
-FORMATS = ("auto", "msprobe", "generic", "sglang")
 
 
 def detect_format(arg: str) -> str:

@@ -11,8 +11,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..records import Dump
 
@@ -27,9 +26,10 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def load_files(paths: list, load: Callable[[Path], Dump], jobs: int | None = None,
+def load_files(paths: list, load: Callable[[Any], Dump], jobs: int | None = None,
                progress: Callable[[str], None] | None = None) -> list[Dump]:
-    """``load`` every path, in parallel when it pays; results in the order of ``paths``."""
+    """``load`` every path (a file, or an SGLang dumper part), in parallel when it pays; results
+    in the order of ``paths``."""
     sizes = [input_size(p) for p in paths]
     if jobs is None:
         jobs = default_jobs() if sum(sizes) >= PARALLEL_MIN_BYTES else 1

@@ -3,16 +3,16 @@
 The dumper saves one ``.pt`` file per dumped value, named by its tags joined with ``___``
 (``step=0___rank=0___dump_index=7___name=...___layer_id=3.pt``), all steps and ranks of an
 experiment in one folder. A file holds ``{"value": tensor, "meta": {...}}`` (before 0.5.9 the
-bare value; before 0.5.10 ``forward_pass_id`` instead of ``step``). The files of one (folder, step, rank)
-make one :class:`Dump`, the counterpart of one msprobe ``dump.json``, so that naming, mapping
-and comparison run unchanged. What the names mean and which versions are followed is in
+bare value; before 0.5.10 ``forward_pass_id`` instead of ``step``). The files of one (folder,
+step, rank) make one :class:`Dump`, the counterpart of one msprobe ``dump.json``, so that
+naming, mapping and comparison run unchanged. What the names mean and which versions are followed is in
 references/input_formats.md ("SGLang dumper folders").
 """
 from __future__ import annotations
 
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ import numpy as np
 from ..compare.sources import BLOCK_BYTES
 from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
-from . import dims as D
 from ..tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor, widen_bf16
+from . import dims as D
 
 FORMAT = "sglang"
 SEP = "___"
@@ -88,25 +88,18 @@ def parse_name(path: Path) -> DumperFile | None:
     return DumperFile(path, step, tags["rank"], int(tags["dump_index"]), tags["name"])
 
 
-def _dumper_files(root: Path) -> list[DumperFile]:
-    found = []
+def _dumper_files(root: Path):
+    """The dumper files below ``root``, a few levels deep, level by level."""
     for depth in range(_MAX_DEPTH + 1):
         for p in sorted(root.glob("/".join(["*"] * depth + ["*.pt"]))):
             f = parse_name(p)
             if f is not None and p.is_file():
-                found.append(f)
-    return found
+                yield f
 
 
 def looks_like_dumper(path: Path) -> bool:
     """True for a folder holding (a few levels down) a file named as the SGLang dumper names them."""
-    if not path.is_dir():
-        return False
-    for depth in range(_MAX_DEPTH + 1):
-        for p in path.glob("/".join(["*"] * depth + ["*.pt"])):
-            if parse_name(p) is not None:
-                return True
-    return False
+    return path.is_dir() and next(_dumper_files(path), None) is not None
 
 
 def find_parts(root: Path) -> list[DumperPart]:
@@ -375,12 +368,12 @@ class _Builder:
         for direction, module, pname, lf, index in self.params:
             home = first.get((module, FORWARD))
             if direction == FORWARD and home is not None:
-                home.leaves.append(Leaf(**{**_leaf_fields(lf), "name": f"parameters.{pname}"}))
+                home.leaves.append(replace(lf, name=f"parameters.{pname}"))
                 continue
             if direction == PARAM_GRAD and (module, FORWARD) in first:
                 made.append(Entry(key=f"Module.{module}.Module.parameters_grad.0", order=index, kind="module",
                                   raw_path=module, cls="Module", direction=PARAM_GRAD, call=0,
-                                  leaves=[Leaf(**{**_leaf_fields(lf), "name": f"parameters_grad.{pname}"})]))
+                                  leaves=[replace(lf, name=f"parameters_grad.{pname}")]))
                 continue
             loose += 1
             made.append(Entry(key=f"Dumper.{_PARAM}{module}.{pname}.0.{direction}", order=index, kind="api",
@@ -388,10 +381,6 @@ class _Builder:
                               leaves=[lf]))
         if loose:
             self.notes.append(f"{loose} parameter dumps of modules without a forward dump kept as listed entries")
-
-
-def _leaf_fields(lf: Leaf) -> dict:
-    return {name: getattr(lf, name) for name in Leaf.__slots__}
 
 
 def _family_hint(meta: dict) -> str | None:
