@@ -16,7 +16,7 @@ from dumpcompare.loaders.sglang_dumper import (CORE_FIELDS, find_parts, load_par
 from dumpcompare.errors import InputError
 from dumpcompare.naming import ModuleRecord
 from dumpcompare.records import Leaf
-from dumpcompare.tensorio import load_tensor
+from dumpcompare.tensorio import TensorInfo, TensorReadError, load_pt_tree, load_tensor, open_tensor
 from dumpcompare.unshard import merge_rule
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "real_sglang"
@@ -215,6 +215,25 @@ def test_format_option(run, tmp_path):
 ])
 def test_split_non_intrusive(name, expected):
     assert split_non_intrusive(name) == expected
+
+
+def test_pt_tree_reader():
+    """load_pt_tree returns a record's plain meta with tensors as TensorInfo; open_tensor reads a
+    record's value; anything holding other objects is refused with the reason."""
+    record = next((DATA / "dumper" / "train").glob("*name=non_intrusive__model.norm.output*"))
+    tree = load_pt_tree(record)
+    assert tree["value"] == TensorInfo("float32", (1, 8, 32))
+    assert tree["meta"]["name"] == "non_intrusive__model.norm.output" and tree["meta"]["world_size"] == 1
+    assert tree["meta"]["megatron_parallel_info"] == {"megatron_error": True}
+    arr, raw = open_tensor(record)
+    assert arr.shape == (1, 8, 32) and not raw
+    hostile = next((DATA / "bad" / "hostile").glob("*.pt"))
+    with pytest.raises(TensorReadError, match="refused pickle global posix.system"):
+        load_pt_tree(hostile)
+    with pytest.raises(TensorReadError, match="refused pickle global posix.system"):
+        load_tensor(hostile)
+    pt = DATA.parent / "pt"
+    assert isinstance(load_pt_tree(pt / "state_dict.pt"), dict)
 
 
 def test_parse_name():
