@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> dict:
     for s in SIDES:
         fmt = args.format if args.format != "auto" else detect_format(getattr(args, s))
         if fmt == "sglang":
-            files[s] = select_parts(getattr(args, s), s, getattr(args, f"{s}_step"),
-                                    getattr(args, f"{s}_rank"))
+            # the step, or the chain of steps, that the pin or the token pairing chose
+            pin = ",".join(steps[s]) if isinstance(steps[s], list) else steps[s]
+            files[s] = select_parts(getattr(args, s), s, pin, getattr(args, f"{s}_rank"))
             chains[s] = [row[0].step for row in files[s]]
         else:
             chains[s] = steps[s] if isinstance(steps[s], list) else [steps[s]]

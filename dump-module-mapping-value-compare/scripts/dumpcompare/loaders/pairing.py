@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
+from . import sglang_dumper
 from .discovery import candidates
 from .jsonstream import StreamState, iter_entries
 from .msprobe import build_entry
@@ -17,13 +18,16 @@ from .msprobe import build_entry
 _SCAN_ENTRIES = 50
 
 
-def token_signature(path: Path) -> tuple | None:
+def token_signature(path) -> tuple | None:
     """(numel, max, min, first position) of the tokens a dump saw, or None.
 
     The tokens are the first integer tensor a forward module receives (the embedding's ids). The
     first position comes from the first later integer input of the same size holding consecutive
-    values (the rotary embedding's positions): None when the dump shows none.
+    values (the rotary embedding's positions): None when the dump shows none. ``path`` may also
+    be a part of an SGLang dumper folder.
     """
+    if isinstance(path, sglang_dumper.DumperPart):
+        return sglang_dumper.token_signature(path)
     state = StreamState()
     ids = None
     try:
@@ -89,14 +93,20 @@ def _chains(sigs: dict, want: tuple) -> list[list]:
 
 
 def _side_steps(arg: str, pin: str | None, rank: str | None) -> dict:
-    """step label (None without step folders) -> one dump file of that step (pinned rank, else the first)."""
+    """step label (None without step folders) -> one dump file of that step (pinned rank, else the
+    first); for an SGLang dumper folder, one part of that step."""
     p = Path(arg)
     if p.is_file():
         return {None: p}
     if not p.is_dir():
         return {}
     found: dict = {}
-    for c in candidates(p):
+    cands = candidates(p)
+    if not cands and sglang_dumper.looks_like_dumper(p):
+        for part in sglang_dumper.find_parts(p):
+            if rank in (None, "all") or part.rank == rank.removeprefix("rank").lstrip("_-"):
+                found.setdefault(part.step, part)
+    for c in cands:
         if rank not in (None, "all") and c.rank not in (_norm(rank), rank.removeprefix("rank").lstrip("_-"), rank):
             continue
         found.setdefault(c.step, c.path)

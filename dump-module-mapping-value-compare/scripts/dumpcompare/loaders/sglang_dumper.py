@@ -458,6 +458,38 @@ def load_part(part: DumperPart) -> Dump:
                 layout=layouts.pop() if len(layouts) == 1 else None)
 
 
+_SCAN_FILES = 64
+
+
+def token_signature(part: DumperPart) -> tuple | None:
+    """(numel, max, min, first position) of the tokens a part saw, or None; the counterpart of
+    pairing.token_signature for msprobe files.
+
+    The tokens are the first integer tensor written as a module input or as ``input_ids``; the
+    first position comes from a later integer input of the same size holding consecutive values.
+    Only the first files are read.
+    """
+    ids = None
+    for f in part.files[:_SCAN_FILES]:
+        if unfinished(f.path):
+            continue
+        value, meta = _read_record(f)
+        name = _check_name(f, meta)
+        split = split_non_intrusive(name[len(_NON_INTRUSIVE):]) if name.startswith(_NON_INTRUSIVE) else None
+        is_input = name in ("input_ids", "positions", "position_ids") or (split and split[1].startswith("input"))
+        if not (is_input and isinstance(value, TensorInfo) and value.dtype.startswith(("int", "uint"))):
+            continue
+        mx, mn, _, _ = _statistics(f.path, value.dtype)
+        numel = int(np.prod(value.shape))
+        if mx is None:
+            continue
+        if ids is None:
+            ids = (numel, mx, mn)
+        elif numel == ids[0] and mx - mn + 1 == numel:
+            return (*ids, mn)
+    return None if ids is None else (*ids, None)
+
+
 def _layer_tag(f: DumperFile):
     for part in f.path.stem.split(SEP):
         key, _, value = part.partition("=")
