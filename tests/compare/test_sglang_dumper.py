@@ -167,6 +167,40 @@ def test_token_signatures_of_parts():
     assert [token_signature(d)[:3] for d in decodes] == [(1, 45, 45), (1, 46, 46)]
 
 
+# The naming file of input_formats.md ("SGLang dumper folders"): hand-named dumps given the roles
+# of the modules whose tensors they hold.
+NAMED_YAML = """
+roles:
+  - {role: mlp, block: mlp, local: ['mlp_output']}
+  - {role: attn_core, block: attention, local: ['attn_core_output']}
+  - {role: final_norm, block: norm, model: ['final_norm__hidden_states']}
+  - {role: stream_in, block: layer, local: ['layer_start__hidden_states']}
+ports:
+  hf:
+    stream_in: [{map: {output.0: 'in:{L}.resid_in'}}]
+expected_one_sided:
+  - {role: stream_in, reason: "a hand-named dump of the stream entering a layer, compared as L<n>.resid_in"}
+"""
+
+
+def test_hand_named_dumps_against_module_dumps_with_a_naming_file(run, tmp_path):
+    naming = tmp_path / "named.yaml"
+    naming.write_text(NAMED_YAML)
+    res = run("--train", DATA / "named" / "train", "--rollout", DATA / "dumper" / "rollout", "--rollout-rank", "all",
+              "--naming", naming)
+    assert res.rc == 0, res.err
+    doc3 = json.loads((res.dir / "output_3_value_compare.json").read_text())
+    doc4 = json.loads((res.dir / "output_4_module_analysis.json").read_text())
+    by_point = {r["point"]: r for r in doc3["results"] if r["pair"] is None}
+    assert by_point["L0.resid_out"]["train"]["modules"] == ["layers.1.layer_start__hidden_states"]
+    assert by_point["L0.resid_out"]["rollout"]["modules"] == ["model.layers.1.input_layernorm"]
+    assert by_point["L0.resid_out"]["status"] == by_point["L1.attn_core_out"]["status"] == "match"
+    assert by_point["L1.mlp_out"]["status"] == "mismatch"
+    fd = doc4["first_divergence"]
+    assert (fd["train_modules"], fd["rollout_modules"], fd["point"]) == (
+        ["layers.1.mlp_output"], ["model.layers.1.mlp"], "L1.mlp_out")
+
+
 def test_old_dumper_bare_tensors_and_step_chains(run):
     # hand-named layer outputs show no token ids to pair the steps by: the user chooses
     res = run("--train", DATA / "old", "--rollout", DATA / "old")
