@@ -28,8 +28,9 @@ is set up. Runs, each in its own process (the dumper and msprobe are process-wid
   train forward over the 10 tokens the rollout saw (``OUT/gen/tokens.json``); no parameters, and
   only the MLPs, the embedding and the logits (the dumper's ``filter``);
 * ``OUT/bad/``: files named as the dumper names them that hold something else (a dict of
-  tensors, a pickle calling ``os.system``, a name leading out of the folder), and an archive the
-  dumper left unfinished when torch.save failed on a value;
+  tensors, a pickle calling ``os.system``, a name leading out of the folder), an archive the
+  dumper left unfinished when torch.save failed on a value, and a value dumped again as a
+  recomputed forward (``recompute/``);
 * ``OUT/old/`` (with ``--old-wheel``, e.g. 0.5.2): the HF run dumped by hand with a dumper from
   before 0.5.9, which saves bare tensors and counts ``forward_pass_id``, over two forwards.
 
@@ -263,6 +264,14 @@ def bad_inputs(wheel: Path, out: Path) -> None:
     dumper = import_dumper(wheel, out / "bad", "unfinished", mode="off")
     dumper.dump("hidden", value, layer_id=0)
     dumper.dump("state", {"lock": threading.Lock()}, layer_id=0)
+    dumper.step()
+    # A forward dumped again while activation checkpointing recomputes it: the status Megatron's
+    # plugin would report (no Megatron parallel state here) is given to the dumper's own detector.
+    dumper = import_dumper(wheel, out / "bad", "recompute", mode="off")
+    module = sys.modules["sgl_dumper"]
+    dumper.dump("hidden", value, layer_id=0)
+    module._detect_recompute_status = lambda: module._RecomputeStatus.RECOMPUTE
+    dumper.dump("hidden", value * 2, layer_id=0)
     dumper.step()
 
 

@@ -12,7 +12,7 @@ from dumpcompare.cli import main as cli_main
 from dumpcompare.loaders import detect_format, load_path
 from dumpcompare.loaders import dims as D
 from dumpcompare.loaders.sglang_dumper import (CORE_FIELDS, find_parts, load_part, parse_name, select_parts,
-                                               split_non_intrusive, token_signature)
+                                               recorded_family, split_non_intrusive, token_signature)
 from dumpcompare.errors import InputError
 from dumpcompare.naming import ModuleRecord
 from dumpcompare.records import Leaf
@@ -231,6 +231,24 @@ def test_unfinished_file_is_skipped_with_a_note():
     dump = load_part(find_parts(DATA / "bad" / "unfinished")[0])
     assert [e.raw_path for e in dump.entries] == ["layers.0.hidden"]
     assert any("could not finish writing" in n and "state" in n for n in dump.notes)
+
+
+def test_recomputed_forward_is_skipped_with_a_note():
+    dump = load_part(find_parts(DATA / "bad" / "recompute")[0])
+    assert [(e.raw_path, e.call) for e in dump.entries] == [("layers.0.hidden", 0)]
+    assert dump.entries[0].leaves[0].max == 5.0       # the original forward's value, not the doubled one
+    assert any(n.startswith("1 dumps of recomputed forwards skipped") for n in dump.notes)
+
+
+@pytest.mark.parametrize("meta, family", [
+    ({"sglang_parallel_info": {"tp_rank": 0, "tp_size": 2}}, "sglang"),
+    ({"sglang_parallel_info": {"tp_rank": 0, "dp_attention_error": True}}, None),
+    ({"megatron_parallel_info": {"tp_rank": 1, "tp_size": 2}}, "megatron"),
+    ({"megatron_parallel_info": {"megatron_error": True}}, None),    # importable, not running
+    ({}, None),
+])
+def test_family_recorded_by_the_dumper(meta, family):
+    assert recorded_family(meta) == family
 
 
 def test_format_option(run, tmp_path):

@@ -383,7 +383,7 @@ class _Builder:
             self.notes.append(f"{loose} parameter dumps of modules without a forward dump kept as listed entries")
 
 
-def _family_hint(meta: dict) -> str | None:
+def recorded_family(meta: dict) -> str | None:
     """The engine a dump came from when the dumper recorded it: the plugin whose parallel state
     it could read (an ``*_error`` key means the framework was importable but not running)."""
     for key, family in (("sglang_parallel_info", "sglang"), ("megatron_parallel_info", "megatron")):
@@ -413,7 +413,7 @@ def load_part(part: DumperPart) -> Dump:
             continue
         value, meta = _read_record(f)
         name = _check_name(f, meta)
-        hints.add(_family_hint(meta))
+        hints.add(recorded_family(meta))
         if meta.get("recompute_status", "disabled") == "recompute":
             recomputes += 1
             continue
