@@ -269,12 +269,12 @@ def test_compare_options_are_passed_through():
     args = rcli.build_parser().parse_args([
         "--train", "T", "--rollout", "R", "--out-dir", "O", "--train-family", "hf", "--rollout-family", "vllm",
         "--train-step", "3", "--rollout-rank", "1", "--naming", "n.yaml", "--tolerances", "t.yaml",
-        "--statistics-only", "--reuse-outputs", "--fail-on-finding", "--quiet"])
+        "--format", "sglang", "--statistics-only", "--reuse-outputs", "--fail-on-finding", "--quiet"])
     argv = rcli._compare_argv(args)
     pairs = dict(zip(argv[::2], argv[1::2]))
     assert argv[:6] == ["--train", "T", "--rollout", "R", "--out-dir", "O"]
     assert {"--train-family": "hf", "--rollout-family": "vllm", "--train-step": "3", "--rollout-rank": "1",
-            "--naming": "n.yaml", "--tolerances": "t.yaml"}.items() <= pairs.items()
+            "--naming": "n.yaml", "--tolerances": "t.yaml", "--format": "sglang"}.items() <= pairs.items()
     assert "--statistics-only" in argv
     # options of this script only are not given to the compare step
     assert not {"--reuse-outputs", "--fail-on-finding", "--quiet"} & set(argv)

@@ -13,10 +13,10 @@ from . import htmlreport
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
-from .loaders import load_path
+from .loaders import FORMATS, load_input
 from .loaders.inputs import SidePlan, plan_inputs, survey
 from .loaders.joining import join_stages, join_steps, layer_numbers
-from .loaders.parallel import default_jobs, load_files
+from .loaders.parallel import default_jobs, input_size, load_files
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
 from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
@@ -25,6 +25,9 @@ from .unshard import merge_ranks, rank_relation
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 SIDES = ("train", "rollout")
+# A family whose tensors have the token layout a dump declares (compare/tensors.py lays tensors
+# out by family); the naming keeps the side's own family.
+LAYOUT_FAMILY = {"t": "vllm", "bs": "hf", "sb": "megatron"}
 # Runs on inputs below this size take seconds: no progress lines for them.
 PROGRESS_MIN_BYTES = 32 << 20
 
@@ -41,13 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     pass-through; a test there keeps the two in step)."""
     ap = argparse.ArgumentParser(
         prog="run_compare.py",
-        description="Map modules of a train dump and a rollout dump (msprobe dump.json, or the generic "
-                    "JSON format) across engines, compare their values and rank divergences. Writes "
-                    "output_1_key_mapping.* .. output_4_module_analysis.* into --out-dir.",
+        description="Map modules of a train dump and a rollout dump (msprobe dump.json, the generic JSON "
+                    "format, or an SGLang dumper folder) across engines, compare their values and rank "
+                    "divergences. Writes output_1_key_mapping.* .. output_4_module_analysis.* into "
+                    "--out-dir.",
         epilog="Exit codes: 0 the comparison ran (with or without findings); 2 bad usage or unreadable "
                "input; 1 internal error.")
-    ap.add_argument("--train", required=True, help="train-side dump.json, or a folder holding one")
-    ap.add_argument("--rollout", required=True, help="rollout-side dump.json, or a folder holding one")
+    ap.add_argument("--train", required=True,
+                    help="train-side dump.json, a folder holding one, or an SGLang dumper folder")
+    ap.add_argument("--rollout", required=True,
+                    help="rollout-side dump.json, a folder holding one, or an SGLang dumper folder")
+    ap.add_argument("--format", choices=FORMATS, default="auto",
+                    help="format of both sides: msprobe dump.json, generic JSON, or SGLang dumper folder "
+                         "(default: detected per side, so a mixed pair needs no option)")
     ap.add_argument("--out-dir", required=True, help="folder for the outputs (created if missing)")
     for side in ("train", "rollout"):
         ap.add_argument(f"--{side}-step", help=f"step folder to use when --{side} holds several (e.g. 0 or step0)")
@@ -73,19 +82,24 @@ def run(args: argparse.Namespace) -> dict:
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
-                       {s: getattr(args, f"{s}_rank") for s in SIDES},
-                       {s: survey(getattr(args, s), s) for s in SIDES})
+                         {s: getattr(args, f"{s}_rank") for s in SIDES},
+                         {s: survey(getattr(args, s), s, args.format) for s in SIDES})
     flat = [f for s in SIDES for f in inputs.side(s).files]
     say = _progress(args.quiet, flat)
     # Joined steps are renumbered call by call, so their calls are not folded.
     fold = not args.no_fold_calls and not any(len(inputs.side(s).steps) > 1 for s in SIDES)
-    loaded = dict(zip(flat, load_files(flat, functools.partial(load_path, fold=fold), args.jobs, say)))
+    loaded = dict(zip(flat, load_files(flat, functools.partial(load_input, fold=fold), args.jobs, say)))
+    if args.format in ("msprobe", "generic"):
+        wrong = next((f for f, d in loaded.items() if d.fmt != args.format), None)
+        if wrong is not None:
+            raise InputError(f"{wrong}: not a {args.format} dump (--format {args.format})")
     dumps, fams, recs, layouts = {}, {}, {}, {}
     for s in SIDES:
         dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
     say("mapping and comparing")
     plan = build_plan(recs["train"], recs["rollout"], namer)
-    views = {s: SideView(dumps[s], fams[s], [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
+    views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
+                         [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
     use_tensors = not args.statistics_only
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)
@@ -148,9 +162,9 @@ def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):
     return dump, fam, recs, layout
 
 
-def _progress(quiet: bool, paths: list[Path]):
+def _progress(quiet: bool, paths: list):
     """A function printing timed progress lines on stderr for long runs, silent otherwise."""
-    size = sum(p.stat().st_size for p in paths if p.is_file())
+    size = sum(input_size(p) for p in paths)
     if quiet or size < PROGRESS_MIN_BYTES:
         return lambda _msg: None
     start = time.perf_counter()

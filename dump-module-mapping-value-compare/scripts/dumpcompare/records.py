@@ -44,6 +44,9 @@ class Leaf:
     # float64 [calls, 4] of Max, Min, Mean, Norm per call, NaN where a statistic is absent.
     # The scalar fields above always hold call 0.
     per_call: Any = None
+    # How the tensor-parallel ranks' copies join, when the dump says so (an SGLang dumper ``dims``
+    # annotation, loaders/dims.py): used by unshard.py instead of a guess.
+    shard_hint: str | None = None
 
     @property
     def numel(self) -> int | None:
@@ -75,7 +78,7 @@ class Dump:
     """Everything read from one side's dump file."""
     path: Path                 # the dump.json (or generic JSON) that was read
     dump_dir: Path             # folder holding it; tensor files are resolved inside it
-    fmt: str                   # "msprobe" or "generic"
+    fmt: str                   # "msprobe", "generic" or "sglang"
     task: str | None
     level: str | None
     framework: str | None
@@ -86,3 +89,5 @@ class Dump:
     notes: list[str] = field(default_factory=list)
     skipped_keys: list[str] = field(default_factory=list)
     folded: bool = False       # repeated calls were folded into one entry per module
+    family: str | None = None  # engine family the dump itself records (SGLang dumper meta), if any
+    layout: str | None = None  # token layout its annotations declare: "t", "bs" or "sb" (loaders/dims.py)

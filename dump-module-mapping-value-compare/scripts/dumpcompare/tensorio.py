@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-__all__ = ["TensorReadError", "resolve_data_file", "open_tensor", "widen_bf16"]
+__all__ = ["TensorReadError", "TensorInfo", "resolve_data_file", "load_pt_tree", "open_tensor", "widen_bf16"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -314,9 +314,12 @@ class _PtArchive:
 
 
 def _single_tensor(obj) -> _TensorRef:
-    """The tensor a file holds: the object itself, or the first of a flat list/dict of tensors."""
+    """The tensor a file holds: the object itself, the ``value`` of an SGLang dumper record
+    (``{"value": tensor, "meta": {...}}``), or the first of a flat list/dict of tensors."""
     if isinstance(obj, _TensorRef):
         return obj
+    if isinstance(obj, dict) and isinstance(obj.get("value"), _TensorRef) and isinstance(obj.get("meta"), dict):
+        return obj["value"]
     items = list(obj.values()) if isinstance(obj, dict) else obj
     if isinstance(items, (list, tuple)) and items and all(isinstance(i, _TensorRef) for i in items):
         return items[0]
@@ -347,8 +350,10 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _read_guarded(path, on_npy, on_pt):
-    """Open ``path`` by its content, not its suffix, and turn any failure into TensorReadError."""
+def _read_guarded(path, on_npy, on_pt, pick=_single_tensor):
+    """Open ``path`` by its content, not its suffix, and turn any failure into TensorReadError.
+
+    ``pick`` chooses what ``on_pt`` receives from the unpickled object (by default its tensor)."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -360,7 +365,7 @@ def _read_guarded(path, on_npy, on_pt):
                                "(the legacy pre-1.6 torch.save format is not supported)")
         with zipfile.ZipFile(path) as zf:
             archive = _PtArchive(zf, path.stat().st_size)
-            return on_pt(archive, _single_tensor(archive.top_object()))
+            return on_pt(archive, pick(archive.top_object()))
     except Exception as exc:  # a corrupt or hostile file may fail anywhere; callers get one type
         raise TensorReadError(path, _describe(exc)) from exc
 
@@ -384,6 +389,58 @@ def open_tensor(path: Path) -> tuple[np.ndarray, bool]:
         return arr, ref.dtype.name == "bfloat16"
 
     return _read_guarded(path, lambda p: (_load_npy(p, True), False), on_pt)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """A tensor inside an object read by :func:`load_pt_tree`: its dtype and shape, not its data."""
+
+    dtype: str  # torch short name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+
+
+# Plain values a record may hold beside its tensors (the SGLang dumper's meta dictionary).
+_PLAIN = (str, int, float, bool, type(None), bytes)
+_MAX_TREE_ITEMS = 100_000
+
+
+def _plain_tree(obj):
+    """``obj`` with tensors as TensorInfo; refuses anything but dicts, lists, tuples and plain values."""
+    seen = 0
+
+    def walk(o, depth):
+        nonlocal seen
+        seen += 1
+        if seen > _MAX_TREE_ITEMS or depth > 32:
+            raise _FormatError("object too large or nested too deeply")
+        if isinstance(o, _TensorRef):
+            return TensorInfo(o.dtype.name, tuple(o.size))
+        if type(o) in _PLAIN:
+            return o
+        if isinstance(o, dict):
+            if not all(type(k) in _PLAIN for k in o):
+                raise _FormatError("dictionary with a key that is not a plain value")
+            return {k: walk(v, depth + 1) for k, v in o.items()}
+        if type(o) in (list, tuple):
+            return type(o)(walk(v, depth + 1) for v in o)
+        raise _FormatError(f"holds a {type(o).__name__}, not tensors and plain values")
+
+    return walk(obj, 0)
+
+
+def load_pt_tree(path: Path):
+    """The object a ``.pt`` file holds, with every tensor replaced by a :class:`TensorInfo`.
+
+    Read by the same restricted unpickler as :func:`load_tensor` (no code from the file runs);
+    the object may only be built of dicts, lists, tuples, strings, numbers, booleans, None and
+    tensors, as the SGLang dumper's ``{"value": ..., "meta": {...}}`` records are. Tensor data is
+    not read (use :func:`open_tensor`). Raises TensorReadError like load_tensor, also for a
+    ``.npy`` file.
+    """
+    def on_npy(_path):
+        raise _FormatError("a .npy array, not a torch.save object")
+
+    return _read_guarded(path, on_npy, lambda _archive, tree: tree, pick=_plain_tree)
 
 
 def widen_bf16(bits: np.ndarray) -> np.ndarray:

@@ -35,10 +35,15 @@ def _same(a: Leaf, b: Leaf) -> bool:
 
 
 def merge_rule(rec: ModuleRecord, leaf: str, group: list[Leaf], rules: dict) -> str:
-    """How the ranks' copies of one leaf combine: replicated, concat:<dim> or sum."""
+    """How the ranks' copies of one leaf combine: replicated, concat:<dim> or sum.
+
+    User overrides first, then what the dump declares (``shard_hint``), then guesses."""
     for o in rules.get("overrides", []) or []:
         if re.search(o["module"], rec.path) and re.search(o.get("leaf", "."), leaf):
             return o["rule"]
+    hints = {g.shard_hint for g in group}
+    if len(hints) == 1 and None not in hints:
+        return hints.pop()
     if all(_same(group[0], g) for g in group[1:]):
         return "replicated"
     shapes = [g.shape for g in group]

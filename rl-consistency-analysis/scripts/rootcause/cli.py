@@ -12,9 +12,10 @@ SKILL_ROOT = Path(__file__).resolve().parents[2]
 # imports nothing from it and runs it as a subprocess. tests/rootcause/test_rootcause_cli.py
 # checks that these declarations match run_compare.py's and that each one is passed through.
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
-                       "rollout_family", "naming", "tolerances", "jobs")
+                       "rollout_family", "format", "naming", "tolerances", "jobs")
 PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls")
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
+FORMATS = ("auto", "msprobe", "generic", "sglang")
 
 
 def _positive_int(text: str) -> int:
@@ -33,9 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "output_5_root_cause_report.json (the markdown report is written by the agent).",
         epilog="Exit codes: 0 the analysis ran (any verdict); 1 with --fail-on-finding when the verdict is not "
                "no_credible_divergence; 2 usage or input error, or the sibling skill is missing or failed.")
-    ap.add_argument("--train", required=True, help="train-side dump.json, or a folder holding one")
-    ap.add_argument("--rollout", required=True, help="rollout-side dump.json, or a folder holding one")
+    ap.add_argument("--train", required=True,
+                    help="train-side dump.json, a folder holding one, or an SGLang dumper folder")
+    ap.add_argument("--rollout", required=True,
+                    help="rollout-side dump.json, a folder holding one, or an SGLang dumper folder")
     ap.add_argument("--out-dir", required=True, help="folder for output_1..output_5")
+    ap.add_argument("--format", choices=FORMATS, help="passed to the compare step (default auto)")
     for side in ("train", "rollout"):
         ap.add_argument(f"--{side}-step", help="passed to the compare step")
         ap.add_argument(f"--{side}-rank", help="passed to the compare step")

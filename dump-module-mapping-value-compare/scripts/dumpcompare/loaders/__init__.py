@@ -9,8 +9,15 @@ from ..records import Dump, Entry
 from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
+from .sglang_dumper import DumperPart, load_part
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
+FORMATS = ("auto", "msprobe", "generic", "sglang")
+
+
+def load_input(item, fold: bool = True) -> Dump:
+    """Load one unit of input: a dump file (see :func:`load_path`) or a part of an SGLang dumper folder."""
+    return load_part(item) if isinstance(item, DumperPart) else load_path(item, fold)
 
 
 def load_path(path: Path, fold: bool = True) -> Dump:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError
+from . import sglang_dumper
 from .discovery import candidates
 from .jsonstream import StreamState, iter_entries
 from .msprobe import build_entry
@@ -48,8 +50,10 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Found:
-    """One dump file of a side: its step and rank labels (from the folder names) and its tokens."""
-    path: Path
+    """One dump of a side: its step and rank labels (from the folder names) and its tokens.
+
+    ``path`` is a dump file, or an SGLang dumper part (loaders/sglang_dumper.py)."""
+    path: Any
     step: str | None
     rank: str | None
     tokens: Tokens | None = None
@@ -73,7 +77,7 @@ class SidePlan:
     notes: tuple[str, ...] = ()
 
     @property
-    def files(self) -> list[Path]:
+    def files(self) -> list:
         return [f.path for s in self.steps for f in s.files]
 
     @property
@@ -120,17 +124,32 @@ class InputPlan:
 # survey: the only part that touches the file system
 
 
-def survey(arg: str, side: str) -> tuple[Found, ...]:
-    """Every dump file ``--<side>`` names, with step/rank labels and the tokens it saw."""
+def survey(arg: str, side: str, fmt: str = "auto") -> tuple[Found, ...]:
+    """Every dump ``--<side>`` names, with step/rank labels and the tokens it saw.
+
+    A dump is a msprobe ``dump.json`` (or a generic JSON file), or one (step, rank) part of an
+    SGLang dumper folder (``fmt`` "sglang", or "auto" for a folder holding dumper files and no
+    dump.json); both are planned alike.
+    """
     p = Path(arg)
     if not p.exists():
         raise InputError(f"{arg}: --{side} path does not exist")
     if p.is_file():
+        if fmt == "sglang":
+            raise InputError(f"{arg}: --format sglang needs a dumper folder, not a file")
         return (Found(p, None, None, token_signature(p)),)
-    cands = candidates(p)
+    cands = candidates(p) if fmt != "sglang" else []
+    if not cands and fmt in ("auto", "sglang") and (fmt == "sglang" or sglang_dumper.looks_like_dumper(p)):
+        return tuple(Found(part, part.step, part.rank, _dumper_tokens(part))
+                     for part in sglang_dumper.parts_of(arg, side))
     if not cands:
         raise InputError(f"{arg}: no dump.json found in this folder (looked {4} levels deep)")
     return tuple(Found(c.path, c.step, c.rank, token_signature(c.path)) for c in cands)
+
+
+def _dumper_tokens(part) -> Tokens | None:
+    sig = sglang_dumper.token_signature(part)
+    return None if sig is None else Tokens(*sig)
 
 
 def token_signature(path: Path) -> Tokens | None:

@@ -11,8 +11,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..records import Dump
 
@@ -27,10 +26,11 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def load_files(paths: list[Path], load: Callable[[Path], Dump], jobs: int | None = None,
+def load_files(paths: list, load: Callable[[Any], Dump], jobs: int | None = None,
                progress: Callable[[str], None] | None = None) -> list[Dump]:
-    """``load`` every path, in parallel when it pays; results in the order of ``paths``."""
-    sizes = [_size(p) for p in paths]
+    """``load`` every path (a file, or an SGLang dumper part), in parallel when it pays; results
+    in the order of ``paths``."""
+    sizes = [input_size(p) for p in paths]
     if jobs is None:
         jobs = default_jobs() if sum(sizes) >= PARALLEL_MIN_BYTES else 1
     jobs = max(1, min(jobs, len(paths)))
@@ -54,7 +54,10 @@ def load_files(paths: list[Path], load: Callable[[Path], Dump], jobs: int | None
     return dumps
 
 
-def _size(p: Path) -> int:
+def input_size(p) -> int:
+    """Bytes of one input unit: a file, or anything reporting ``nbytes`` (an SGLang dumper part)."""
+    if hasattr(p, "nbytes"):
+        return p.nbytes
     try:
         return p.stat().st_size
     except OSError:
