@@ -450,8 +450,6 @@ def _layer_tag(f: DumperFile):
     return None
 
 
-def _ordered(values) -> list[str]:
-    return sorted(set(values), key=_natural)
 
 
 def _natural(s: str):
