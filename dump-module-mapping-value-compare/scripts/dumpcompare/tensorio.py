@@ -535,7 +535,8 @@ def _tensor_pickle(shape: tuple, dtype: _DType) -> bytes:
     return b"\x80\x02" + _op_global("torch._utils", rebuild) + _op_tuple(args) + b"R."
 
 
-def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
+def bfloat16_bits(array: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (uint16) of ``array`` rounded to nearest even, as torch casts."""
     values = np.array(array, dtype=np.float32, order="C")
     bits = values.view(np.uint32).astype(np.uint64)  # wide enough that rounding cannot overflow
     # Round to nearest even on the 16 bits kept: add half an ulp, plus one if the kept part is odd.
@@ -547,7 +548,7 @@ def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
 
 def _storage_bytes(array: np.ndarray, dtype: _DType) -> bytes:
     if dtype.name == "bfloat16":
-        return _bfloat16_bits(array).astype("<u2").tobytes()
+        return bfloat16_bits(array).astype("<u2").tobytes()
     return np.array(array, dtype=np.dtype(dtype.code).newbyteorder("<"), order="C").tobytes()
 
 

@@ -60,6 +60,7 @@ class Result:
     pair: str | None = None            # set when the comparison reads one pair's own leaves
     calls: dict[str, Any] | None = None  # folded modules: how the calls compared (output_3 ``calls``)
     param_equality: dict[str, Any] | None = None  # parameters only: compare/params.py
+    reference: dict[str, Any] | None = None  # parameters with --model: per side, reference.py
 
 
 def load_tolerances(user_file: str | None = None) -> dict:

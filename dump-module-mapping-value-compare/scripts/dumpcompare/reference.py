@@ -1,0 +1,222 @@
+"""Each side's parameters against the reference checkpoint (output_3 ``reference``).
+
+The checkpoint is a third copy of the tensors both engines loaded, so the question per side is
+the one compare/params.py answers between the sides (md5, tensor, statistics), asked again with
+the reference in the other seat. The reference tensor of a dumped parameter is found through the
+naming profiles: each checkpoint tensor name is classified like a dumped module path, which gives
+its logical point (``L1.q.weight``); a fused point (``L1.q.weight+L1.k.weight+L1.v.weight``) is
+the concatenation of its parts in that order. The side's layout is then reproduced: tensor-parallel
+ranks concatenated part by part, Megatron's per-query-group qkv, padded vocabulary rows (zeros),
+one rank's slice, and the side's dtype (round to nearest even). Why each rule holds:
+references/reference_checkpoint.md.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import tensorio
+from .checkpoint import Checkpoint
+from .compare import GROUPED, dtype_key, leaf_stats, pair_tolerances
+from .compare import params as P
+from .compare.layout import VOCAB_POINTS, interleave_parts
+from .compare.stats import Stats, combine, stat_errors
+from .naming import Namer
+
+SIDES = ("train", "rollout")
+
+
+@dataclass
+class SideReference:
+    """One side's reference: its checkpoint, the config it resolved, and point -> tensor names."""
+    checkpoint: Checkpoint
+    config: dict
+    points: dict[str, str]
+    taken_as: str
+
+    def describe(self) -> dict:
+        """output_3/output_5 ``reference`` entry of this side."""
+        return {"folder": str(self.checkpoint.folder), "files": [f.name for f in self.checkpoint.files],
+                "tensors": len(self.checkpoint.tensors), "taken_as": self.taken_as}
+
+
+def index_points(ckpt: Checkpoint, namer: Namer) -> dict[str, str]:
+    """Logical point of every checkpoint tensor, named by the rules that name dumped modules."""
+    out = {}
+    for name in ckpt.tensors:
+        path, _, pname = name.rpartition(".")
+        path = namer.strip_wrappers(path)
+        layer, _local, rule = namer.classify(path)
+        scope = f"L{layer}" if layer is not None else "M"
+        if rule is None or rule["role"] in ("dropout", "wrapper"):
+            point = f"path:{path}:parameters.{pname}"
+        elif rule.get("parts"):
+            point = "+".join(f"{scope}.{part}.{pname}" for part in rule["parts"])
+        else:
+            point = f"{scope}.{rule['role']}.{pname}"
+        out.setdefault(point, name)
+    if "M.lm_head.weight" not in out and "M.embed.weight" in out and ckpt.config.get("tie_word_embeddings", True):
+        out["M.lm_head.weight"] = out["M.embed.weight"]   # tied: the head is the embedding
+    return out
+
+
+def reference_parts(ref: SideReference, point: str) -> list[str] | None:
+    """Checkpoint tensor names whose concatenation is ``point`` (None when one is missing)."""
+    if point in ref.points:
+        return [ref.points[point]]
+    names = [ref.points.get(p) for p in point.split("+")]
+    return None if None in names else names
+
+
+def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` rounded to the side's dtype, as float32 (float64 kept for float64 sides)."""
+    if dtype == "bfloat16":
+        return tensorio.widen_bf16(tensorio.bfloat16_bits(a))
+    if dtype == "float16":
+        return a.astype(np.float16).astype(np.float32)
+    if dtype == "float64":
+        return a.astype(np.float64)
+    return a.astype(np.float32)
+
+
+def layouts(parts: list[np.ndarray], shape: tuple | None, ranks: int, grouped: bool, config: dict,
+            vocab: bool) -> list[tuple[str, np.ndarray]]:
+    """Candidate arrangements of the reference parts in the side's layout, most likely first."""
+    cands = [("concatenated", np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0])]
+    if len(parts) > 1 and ranks > 1 and all(p.shape[0] % ranks == 0 for p in parts):
+        cands.append((f"per-rank concatenation of {ranks} shards", interleave_parts(parts, ranks, 0)))
+    kv = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 0)
+    if grouped and len(parts) == 3 and kv and all(p.shape[0] % kv == 0 for p in parts):
+        cands.append((f"Megatron per-group qkv ({kv} groups)", interleave_parts(parts, kv, 0)))
+    if shape is None:
+        return cands
+    out = []
+    for label, a in cands:
+        if a.shape == tuple(shape):
+            out.append((label, a))
+        elif a.ndim == len(shape) and vocab and shape[0] > a.shape[0] and a.shape[1:] == tuple(shape[1:]):
+            pad = np.zeros((shape[0] - a.shape[0], *a.shape[1:]), a.dtype)
+            out.append((label + ", vocabulary padded with zero rows", np.concatenate([a, pad])))
+        elif a.ndim == len(shape):
+            out += _slices(label, a, tuple(shape))
+    return out
+
+
+def _slices(label: str, a: np.ndarray, shape: tuple) -> list[tuple[str, np.ndarray]]:
+    """One rank's shard: each equal slice along the one dimension that differs."""
+    diff = [i for i, (x, y) in enumerate(zip(a.shape, shape)) if x != y]
+    if len(diff) != 1 or not shape[diff[0]] or a.shape[diff[0]] % shape[diff[0]]:
+        return []
+    d, n = diff[0], a.shape[diff[0]] // shape[diff[0]]
+    return [(f"{label}, shard {i} of {n} along dim {d}", s) for i, s in enumerate(np.split(a, n, axis=d))]
+
+
+def _crc(a: np.ndarray, dtype: str) -> str:
+    if dtype == "bfloat16":
+        data = tensorio.bfloat16_bits(a).astype("<u2")
+    elif dtype == "float16":
+        data = a.astype("<f2")
+    else:
+        data = a.astype({"float64": "<f8"}.get(dtype, "<f4"))
+    return f"{zlib.crc32(np.ascontiguousarray(data).tobytes()):08x}"
+
+
+def _stats(a: np.ndarray, dtype: str) -> Stats:
+    w = a.astype(np.float64)
+    return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(a.size), dtype)
+
+
+def _side_tensor(view, leaves) -> np.ndarray | None:
+    """The side's parameter as one array (ranks concatenated as merged), or None without files."""
+    arrays = []
+    for lf in leaves:
+        if not lf.data_name:
+            return None
+        files = lf.shards or ((view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir),)
+        try:
+            got = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
+        except tensorio.TensorReadError:
+            return None
+        dim = int(lf.merge.split(":")[1]) if lf.merge and lf.merge.startswith("concat") else 0
+        arrays.append(np.concatenate(got, axis=dim) if len(got) > 1 else got[0])
+    return np.concatenate(arrays, axis=0) if len(arrays) > 1 else arrays[0]
+
+
+def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None, tolerances: dict,
+               use_tensors: bool) -> dict:
+    """``matches_reference`` of one side's parameter: true | false | unknown, with how it is known."""
+    names = reference_parts(ref, point)
+    base = {"checkpoint_tensors": names}
+    if not names:
+        return {**base, "matches_reference": "unknown", "how": None, "exact": False,
+                "detail": f"no tensor of the checkpoint is named {point}"}
+    dtype = dtype_key(leaves[0].dtype)
+    parts = [to_dtype(ref.checkpoint.read(n), dtype) for n in names]
+    if len(leaves) == len(parts) > 1:
+        shape = (sum(lf.shape[0] for lf in leaves), *leaves[0].shape[1:]) if all(lf.shape for lf in leaves) else None
+    else:
+        shape = leaves[0].shape if len(leaves) == 1 else None
+    ranks = len(leaves[0].shards) if len(leaves) == 1 and leaves[0].shards else 1
+    base_point = point.split("+")[0]
+    cands = layouts(parts, shape, ranks, layout == GROUPED, ref.config,
+                    any(p in VOCAB_POINTS for p in (base_point, point)))
+    if not cands:
+        return {**base, "matches_reference": "unknown", "how": None, "exact": False,
+                "detail": f"reference shape {[list(p.shape) for p in parts]} fits no layout of side shape "
+                          f"{list(shape) if shape else None}"}
+    eq = label = None
+    lf0 = leaves[0]
+    if len(leaves) == 1 and lf0.checksum and not lf0.merge:
+        hits = [lab for lab, a in cands if _crc(a, dtype) == lf0.checksum]
+        label = hits[0] if hits else cands[0][0]
+        eq = {"equal": bool(hits), "how": "md5", "exact": True,
+              "detail": "equal CRC-32 digest" if hits else f"digest {lf0.checksum} is no layout's digest of the reference"}
+    side = _side_tensor(view, leaves) if use_tensors and eq is None else None
+    if side is not None:
+        side = side.reshape(cands[0][1].shape) if side.size == cands[0][1].size else side
+        same = [lab for lab, a in cands if a.shape == side.shape and np.array_equal(a, side, equal_nan=True)]
+        if same:
+            label, eq = same[0], P.by_tensor(0.0)
+        else:
+            label, a = cands[0]
+            if a.shape != side.shape:
+                return {**base, "matches_reference": "unknown", "how": "tensor", "exact": False,
+                        "detail": f"side tensor {list(side.shape)} fits no layout of the reference"}
+            eq = P.by_tensor(float(np.max(np.abs(a.astype(np.float64) - side))))
+            if np.array_equal(np.sort(a, axis=None), np.sort(side, axis=None)):
+                eq["detail"] += "; the same values in another order (a permuted or mis-ordered weight)"
+    if eq is None:
+        ss = combine([leaf_stats(lf) for lf in leaves])
+        tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
+        best = None
+        for lab, a in cands:
+            rs = _stats(a, dtype)
+            err = stat_errors(ss, rs).get("scaled_error")
+            e = P.by_statistics(ss, rs, dtype, dtype, err is not None and err <= tol)
+            if best is None or (e["equal"] and not best[1]["equal"]):
+                best = (lab, e)
+        label, eq = best
+    eq = {**eq, "detail": eq["detail"].replace("train ", "side ").replace("rollout ", "reference ")}
+    value = "unknown" if eq["equal"] is None else bool(eq["equal"])
+    return {**base, "matches_reference": value, "how": eq["how"], "exact": eq["exact"], "layout": label,
+            "detail": eq["detail"]}
+
+
+def check(results, plans, views: dict, refs: dict, tolerances: dict, use_tensors: bool) -> None:
+    """Set ``reference`` on every parameter result: per side, whether it equals the checkpoint."""
+    by_cid = {p.cid: p for p in plans}
+    for res in results:
+        plan = by_cid.get(res.cid)
+        if plan is None or not all(lf.startswith("parameters.") for lf in res.train["leaves"] + res.rollout["leaves"]):
+            continue
+        out = {}
+        for side, carriers, layout in (("train", plan.train, plan.train_layout),
+                                       ("rollout", plan.rollout, plan.rollout_layout)):
+            view = views[side]
+            leaves = [view.leaves[c.rec].get(c.leaf) for c in carriers]
+            if refs.get(side) is None or None in leaves:
+                continue
+            out[side] = judge_side(refs[side], res.point, view, leaves, layout, tolerances, use_tensors)
+        res.reference = out or None
