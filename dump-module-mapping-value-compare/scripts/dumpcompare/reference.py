@@ -81,12 +81,47 @@ def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(np.float32)
 
 
-def layouts(parts: list[np.ndarray], shape: tuple | None, ranks: int, grouped: bool, config: dict,
-            vocab: bool) -> list[tuple[str, np.ndarray]]:
+def _head_dim(config: dict) -> int | None:
+    hd = config.get("head_dim")
+    if hd:
+        return int(hd)
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    return int(hidden) // int(heads) if heads and hidden else None
+
+
+def split_fused_qkv(parts: list[np.ndarray], point: str, config: dict) -> list[np.ndarray]:
+    """A checkpoint that stores qkv fused (Phi-3) split into [q, k, v] by the config's head counts."""
+    hd, heads = _head_dim(config), config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads") or heads
+    if len(parts) != 1 or len(point.split("+")) != 3 or not hd or not heads:
+        return parts
+    q_rows, kv_rows = int(heads) * hd, int(kv) * hd
+    if parts[0].shape[0] != q_rows + 2 * kv_rows:
+        return parts
+    return np.split(parts[0], [q_rows, q_rows + kv_rows], axis=0)
+
+
+def _rank_rows(part: np.ndarray, r: int, ranks: int, head: int) -> np.ndarray:
+    """Rank ``r``'s rows of a column-parallel part: an even split, or, when the part has fewer heads
+    than ranks (KV heads under a wider tensor parallelism), the head the rank replicates."""
+    heads = part.shape[0] // head
+    if heads >= ranks:
+        return np.split(part, ranks, axis=0)[r]
+    h = r * heads // ranks
+    return part[h * head:(h + 1) * head]
+
+
+def layouts(parts: list[np.ndarray], shape: tuple | None, ranks: list[int], grouped: bool, config: dict,
+            vocab: bool, qkv: bool = False) -> list[tuple[str, np.ndarray]]:
     """Candidate arrangements of the reference parts in the side's layout, most likely first."""
     cands = [("concatenated", np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0])]
-    if len(parts) > 1 and ranks > 1 and all(p.shape[0] % ranks == 0 for p in parts):
-        cands.append((f"per-rank concatenation of {ranks} shards", interleave_parts(parts, ranks, 0)))
+    head = (_head_dim(config) if qkv else 1) or 1
+    for n in ranks if len(parts) > 1 and all(p.shape[0] % head == 0 for p in parts) else ():
+        if any(p.shape[0] // head >= n and (p.shape[0] // head) % n for p in parts):
+            continue
+        a = np.concatenate([_rank_rows(p, r, n, head) for r in range(n) for p in parts])
+        if shape is None or a.shape == tuple(shape):
+            cands.append((f"per-rank concatenation of {n} shards", a))
     kv = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 0)
     if grouped and len(parts) == 3 and kv and all(p.shape[0] % kv == 0 for p in parts):
         cands.append((f"Megatron per-group qkv ({kv} groups)", interleave_parts(parts, kv, 0)))
@@ -153,15 +188,17 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
         return {**base, "matches_reference": "unknown", "how": None, "exact": False,
                 "detail": f"no tensor of the checkpoint is named {point}"}
     dtype = dtype_key(leaves[0].dtype)
-    parts = [to_dtype(ref.checkpoint.read(n), dtype) for n in names]
+    parts = split_fused_qkv([to_dtype(ref.checkpoint.read(n), dtype) for n in names], point, ref.config)
     if len(leaves) == len(parts) > 1:
         shape = (sum(lf.shape[0] for lf in leaves), *leaves[0].shape[1:]) if all(lf.shape for lf in leaves) else None
     else:
         shape = leaves[0].shape if len(leaves) == 1 else None
-    ranks = len(leaves[0].shards) if len(leaves) == 1 and leaves[0].shards else 1
+    # Merged ranks: their count is known from the tensor files, else every count the shape allows.
+    merged = len(leaves) == 1 and (leaves[0].merge or "").startswith("concat")
+    ranks = ([len(leaves[0].shards)] if leaves[0].shards else list(range(2, 17))) if merged else []
     base_point = point.split("+")[0]
     cands = layouts(parts, shape, ranks, layout == GROUPED, ref.config,
-                    any(p in VOCAB_POINTS for p in (base_point, point)))
+                    any(p in VOCAB_POINTS for p in (base_point, point)), base_point.split(".")[1:2] == ["q"])
     if not cands:
         return {**base, "matches_reference": "unknown", "how": None, "exact": False,
                 "detail": f"reference shape {[list(p.shape) for p in parts]} fits no layout of side shape "
@@ -180,11 +217,13 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
         if same:
             label, eq = same[0], P.by_tensor(0.0)
         else:
-            label, a = cands[0]
-            if a.shape != side.shape:
+            fits = [(float(np.max(np.abs(a.astype(np.float64) - side))), lab, a) for lab, a in cands
+                    if a.shape == side.shape]
+            if not fits:
                 return {**base, "matches_reference": "unknown", "how": "tensor", "exact": False,
                         "detail": f"side tensor {list(side.shape)} fits no layout of the reference"}
-            eq = P.by_tensor(float(np.max(np.abs(a.astype(np.float64) - side))))
+            diff, label, a = min(fits, key=lambda f: f[0])
+            eq = P.by_tensor(diff)
             if np.array_equal(np.sort(a, axis=None), np.sort(side, axis=None)):
                 eq["detail"] += "; the same values in another order (a permuted or mis-ordered weight)"
     if eq is None:
