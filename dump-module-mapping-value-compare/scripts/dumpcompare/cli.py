@@ -155,7 +155,8 @@ def _references(args: argparse.Namespace, namer: Namer) -> dict:
         config = checkpoint.read_config(cfg_file) if cfg_file else ckpt.config
         if cfg_file and not config:
             raise InputError(f"{cfg_file}: --{s}-config is missing or empty")
-        out[s] = reference.SideReference(ckpt, config, reference.index_points(ckpt, namer), args.reference_taken_as)
+        out[s] = reference.SideReference(ckpt, config, reference.index_points(ckpt, namer), args.reference_taken_as,
+                                         cfg_file)
     return out
 
 

@@ -26,6 +26,24 @@ from .compare.stats import Stats, combine, stat_errors
 from .naming import Namer
 
 SIDES = ("train", "rollout")
+# config.json keys that change the math of standard modules (issue 12; references/reference_checkpoint.md).
+MATH_KEYS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_theta", "rope_scaling",
+             "partial_rotary_factor", "head_dim", "hidden_act", "hidden_activation", "tie_word_embeddings",
+             "torch_dtype", "dtype", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+             "sliding_window", "norm_topk_prob", "num_experts_per_tok", "hidden_size", "num_attention_heads",
+             "num_key_value_heads", "vocab_size")
+
+
+def math_config(config: dict) -> dict:
+    """The math-changing keys of a config; rope values nested in ``rope_parameters`` (transformers 5)
+    are lifted to the top-level names older configs use."""
+    out = {k: config[k] for k in MATH_KEYS if k in config}
+    nested = config.get("rope_parameters")
+    if isinstance(nested, dict):
+        out.setdefault("rope_theta", nested.get("rope_theta"))
+        if nested.get("rope_type") not in (None, "default"):
+            out.setdefault("rope_scaling", nested)
+    return out
 
 
 @dataclass
@@ -35,11 +53,15 @@ class SideReference:
     config: dict
     points: dict[str, str]
     taken_as: str
+    config_file: str | None = None
 
     def describe(self) -> dict:
         """output_3/output_5 ``reference`` entry of this side."""
         return {"folder": str(self.checkpoint.folder), "files": [f.name for f in self.checkpoint.files],
-                "tensors": len(self.checkpoint.tensors), "taken_as": self.taken_as}
+                "tensors": len(self.checkpoint.tensors), "taken_as": self.taken_as,
+                "config_file": self.config_file or str(self.checkpoint.folder / "config.json"),
+                "config": math_config(self.config),
+                "model_config": math_config(self.checkpoint.config)}
 
 
 def index_points(ckpt: Checkpoint, namer: Namer) -> dict[str, str]:

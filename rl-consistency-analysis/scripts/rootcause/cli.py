@@ -9,7 +9,8 @@ from . import evidence, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
-                       "rollout_family", "naming", "tolerances", "jobs")
+                       "rollout_family", "naming", "tolerances", "jobs", "model", "train_model", "rollout_model",
+                       "train_config", "rollout_config", "reference_taken_as")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{side}-family", help="passed to the compare step (hf, vllm, sglang, megatron)")
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
+    ap.add_argument("--model", help="Hugging Face model folder both sides loaded (the reference checkpoint), "
+                    "passed to the compare step: names the side whose parameters or config differ from it")
+    for side in ("train", "rollout"):
+        ap.add_argument(f"--{side}-model", help=f"model folder the {side} side loaded, passed to the compare step")
+        ap.add_argument(f"--{side}-config", help=f"config.json the {side} engine resolved, passed to the compare step")
+    ap.add_argument("--reference-taken-as", choices=("initial", "at_step"),
+                    help="what the checkpoint is (initial, or saved at the dumped step), passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=int, help="processes reading the dumps, passed to the compare step")

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from . import sides
 from .evidence import Evidence
 from .triage import Triage
 
@@ -22,7 +23,7 @@ REPORT = "output_5_root_cause_report.json"
 AGENT_REPORT = "output_5_root_cause_report.md"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
-         "next_checks")
+         "next_checks", "side_evidence", "config_keys")
 
 
 def _clean(obj):
@@ -50,6 +51,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
         "partial": bool(ev.analysis.get("partial")),
         "comparability": ev.analysis.get("comparability"),
         "mode": ev.mode,
+        "reference": sides.reference_section(ev),
         "inputs": inputs,
         "summary": ev.mapping.get("summary"),
     }
