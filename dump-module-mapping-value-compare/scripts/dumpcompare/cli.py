@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> dict:
         raise InputError(f"{out}: --out-dir exists and is not a folder")
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
+    refs = _references(args, namer)
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
                        {s: getattr(args, f"{s}_rank") for s in SIDES},
                        {s: survey(getattr(args, s), s) for s in SIDES})
@@ -100,7 +101,6 @@ def run(args: argparse.Namespace) -> dict:
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
                        jobs=(args.jobs or default_jobs()) if tensor_files else 1).run(plan.comparisons)
-    refs = _references(args, namer)
     if any(refs.values()):
         say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)

@@ -110,7 +110,9 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
                         checks.append(f"Reload {names} on the {s} side from the checkpoint (its {rec['point']} "
                                       f"differs: {rec[s].get('detail')}).")
         return checks
-    decided = [c for c in configs if c.get("differs_from_checkpoint")]
+    # Only keys that govern this module's role decide its side (any key when the role has no list).
+    governing = set(keys) or {c["key"] for c in configs}
+    decided = [c for c in configs if c.get("differs_from_checkpoint") and c["key"] in governing]
     if decided and f.get("side") in (None, "undetermined"):
         sides = {c["differs_from_checkpoint"] for c in decided}
         f["side"] = sides.pop() if len(sides) == 1 else "both"
