@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import checkpoint, reference
+from . import checkpoint, reference, replay
 from . import documents as D
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> dict:
     if any(refs.values()):
         say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
+    # Tensor mode: replay the standard modules of each side from its own tensors (replay.py).
+    replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> dict:
     doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
     doc3, (h3, r3) = D.output_3(results, tolerances, mode,
                                 {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None)
+    doc3["replays"] = replays
     layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
     evidence = inputs.to_json()["tokens"]
     comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})

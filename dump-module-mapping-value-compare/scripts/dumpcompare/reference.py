@@ -185,19 +185,24 @@ def _stats(a: np.ndarray, dtype: str) -> Stats:
     return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(a.size), dtype)
 
 
+def leaf_array(view, leaf) -> np.ndarray | None:
+    """One dumped leaf as an array (tensor-parallel ranks concatenated as merged), None without files."""
+    if not leaf.data_name:
+        return None
+    files = leaf.shards or ((view.dump.dump_dir, leaf.data_name, view.dump.dump_data_dir),)
+    try:
+        got = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
+    except tensorio.TensorReadError:
+        return None
+    dim = int(leaf.merge.split(":")[1]) if leaf.merge and leaf.merge.startswith("concat") else 0
+    return np.concatenate(got, axis=dim) if len(got) > 1 else got[0]
+
+
 def _side_tensor(view, leaves) -> np.ndarray | None:
-    """The side's parameter as one array (ranks concatenated as merged), or None without files."""
-    arrays = []
-    for lf in leaves:
-        if not lf.data_name:
-            return None
-        files = lf.shards or ((view.dump.dump_dir, lf.data_name, view.dump.dump_data_dir),)
-        try:
-            got = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
-        except tensorio.TensorReadError:
-            return None
-        dim = int(lf.merge.split(":")[1]) if lf.merge and lf.merge.startswith("concat") else 0
-        arrays.append(np.concatenate(got, axis=dim) if len(got) > 1 else got[0])
+    """The side's parameter as one array (parts stacked along rows), or None without files."""
+    arrays = [leaf_array(view, lf) for lf in leaves]
+    if any(a is None for a in arrays):
+        return None
     return np.concatenate(arrays, axis=0) if len(arrays) > 1 else arrays[0]
 
 

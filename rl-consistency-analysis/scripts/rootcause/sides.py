@@ -86,16 +86,77 @@ def config_evidence(ev: Evidence, role: str | None) -> tuple[list[str], list[dic
     return wanted, records
 
 
+def _path(m: dict, side: str):
+    names = m[f"{side}_modules"]
+    return names[0] if len(names) == 1 else list(names)
+
+
+def _modules(f: dict, side: str) -> list[str]:
+    names = f.get(f"{side}_module")
+    return [] if names is None else [names] if isinstance(names, str) else list(names)
+
+
+def replay_evidence(ev: Evidence, f: dict) -> list[dict]:
+    """``replay`` records of the finding's modules (and, for a container, the modules inside it)."""
+    out = []
+    for r in ev.compare.get("replays") or []:
+        mods = _modules(f, r["side"])
+        if not any(r["module"] == p or r["module"].startswith(p + ".") for p in mods):
+            continue
+        rec = {"kind": "replay", "side": r["side"], "module": r["module"], "op": r["op"]}
+        rec.update({k: r.get(k) for k in ("key", "reference_value", "residual_at_reference", "reproduces_reference",
+                                          "fitted", "tolerance", "indistinguishable") if r.get(k) is not None})
+        out.append(rec)
+    return out
+
+
+def side_from_replays(records: list[dict], exact_module: bool) -> tuple[str | None, str | None]:
+    """(side, reason) from replays with the reference config; (None, None) when they do not decide."""
+    judged = [r for r in records if r.get("reproduces_reference") is not None]
+    wrong = {r["side"] for r in judged if not r["reproduces_reference"]}
+    seen = {r["side"] for r in judged}
+    if wrong == set(SIDES):
+        return "both", "neither side's output is reproduced by the reference config's math"
+    if len(wrong) == 1 and seen == set(SIDES):
+        bad = wrong.pop()
+        r = next(x for x in judged if x["side"] == bad and not x["reproduces_reference"])
+        return bad, (f"replayed from its own inputs, the {bad} side's {r['module']} is reproduced by "
+                     f"{r['key']}={r['fitted']['value']!r} (residual {r['fitted']['residual']:.2g}), not by the "
+                     f"reference {r['key']}={r['reference_value']!r} (residual {r['residual_at_reference']:.2g}); "
+                     f"the other side's is reproduced by the reference")
+    if exact_module and seen == set(SIDES) and not wrong:
+        return "neither", ("both sides' outputs are reproduced by the reference config's math: the difference "
+                           "is within the data's precision")
+    return None, None
+
+
+def _disagreements(records: list[dict]) -> list[str]:
+    """Without a reference: the values each side's behaviour implies, where they differ."""
+    fitted: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("fitted"):
+            fitted.setdefault((r["op"], r.get("key")), {})[r["side"]] = r["fitted"]["value"]
+    return [f"{key}: train behaves as {v['train']!r}, rollout as {v['rollout']!r}"
+            for (_op, key), v in fitted.items() if set(v) == set(SIDES) and v["train"] != v["rollout"]]
+
+
 def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
     """Add ``side_evidence`` and ``config_keys`` to finding ``f`` and name the side they prove.
 
     Returns next checks naming the exact tensor or key to fix (first in the finding's list).
     """
+    replays = replay_evidence(ev, f) if f["category"] != "parameter_or_checkpoint_issue" else []
     if not ev.compare.get("reference"):
+        differ = _disagreements(replays)
+        if differ:
+            f["side_evidence"] = replays
+            f["config_keys"] = sorted({r["key"] for r in replays if r.get("key")})
+            return [f"The sides compute this module with different values (replayed from their own tensors): "
+                    f"{'; '.join(differ)}. Rerun with --model to decide which one the checkpoint's config sets."]
         return []
     params = parameter_evidence(ev, m)
     keys, configs = config_evidence(ev, f.get("role"))
-    f["side_evidence"] = params + configs
+    f["side_evidence"] = params + replays + configs
     # A weight finding is explained by tensors, not keys.
     f["config_keys"] = [] if f["category"] == "parameter_or_checkpoint_issue" else keys
     checks = []
@@ -110,6 +171,17 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
                         checks.append(f"Reload {names} on the {s} side from the checkpoint (its {rec['point']} "
                                       f"differs: {rec[s].get('detail')}).")
         return checks
+    side, why = side_from_replays(replays, exact_module=f.get("train_module") == _path(m, "train"))
+    if side and f.get("side") in (None, "undetermined"):
+        f["side"], f["side_reason"] = side, why
+        for r in replays:
+            if side == "both" or r["side"] == side:
+                if r.get("reproduces_reference") is False:
+                    checks.append(f"Set {r['key']} to {r['reference_value']!r} on the {r['side']} side: its "
+                                  f"{r['module']} computes with {r['key']}={r['fitted']['value']!r} "
+                                  f"(replay residual {r['fitted']['residual']:.2g}).")
+        keys = sorted(set(keys) | {r["key"] for r in replays if r.get("reproduces_reference") is False})
+        f["config_keys"] = keys
     # Only keys that govern this module's role decide its side (any key when the role has no list).
     governing = set(keys) or {c["key"] for c in configs}
     decided = [c for c in configs if c.get("differs_from_checkpoint") and c["key"] in governing]
