@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.replay import activation, norm
+from dumpcompare.replay import activation, norm, softcap
 from refcheck.realcases import COMPARE, CORPUS, ROOTCAUSE, report, run
 
 REPLAY = Path(__file__).resolve().parents[1] / "data" / "replay"
@@ -39,13 +39,18 @@ def test_every_standard_module_replays_to_torchs_output(tmp_path):
     assert proc.returncode == 0, proc.stderr
     reps = _replays(tmp_path)
     ops = {(r["side"], r["op"]) for r in reps}
-    assert ops == {(s, o) for s in ("train", "rollout") for o in ("norm", "act", "linear", "embed")}
+    assert ops == {(s, o) for s in ("train", "rollout") for o in ("norm", "act", "linear", "embed")} | {
+        ("rollout", "head")}
     for r in reps:
         assert r["reproduces_reference"] is True and r["residual_at_reference"] < 1e-6, r
     vllm_norm = next(r for r in reps if r["side"] == "rollout" and r["module"] == "model.layers.1.input_layernorm")
     assert vllm_norm["class"] == "RMSNorm"          # fused add + norm: input + residual normalised
     act = next(r for r in reps if r["side"] == "rollout" and r["op"] == "act")
     assert act["gated"] is True and act["reproducing_values"] == ["silu"]
+    # vLLM's logits processor, with the checkpoint's lm_head: no softcapping in Llama, and a cap of 30
+    # would be far off
+    head = next(r for r in reps if r["op"] == "head")
+    assert head["reference_value"] == 0.0 and head["reproducing_values"] == [0.0]
 
 
 def test_eps_values_fp32_cannot_tell_apart_are_said_to_be_indistinguishable(tmp_path):
@@ -96,3 +101,5 @@ def test_norm_and_activation_formulas():
     assert activation("silu", np.array([0.0]))[0] == 0.0
     assert np.isclose(activation("gelu", np.array([1.0]))[0], 0.8413447460685429)
     assert np.isclose(activation("gelu_tanh", np.array([1.0]))[0], 0.8411919906082768)
+    assert np.allclose(softcap(np.array([0.0, 30.0]), 30.0), [0.0, 30.0 * np.tanh(1.0)])
+    assert np.array_equal(softcap(np.array([100.0]), 0.0), [100.0])

@@ -79,6 +79,8 @@ def _op(rec) -> str | None:
         return "linear"
     if rec.role == "embed":
         return "embed"
+    if rec.role == "logits":
+        return "head"
     return None
 
 
@@ -115,10 +117,18 @@ def _config_eps(config: dict, kind: str):
     return keys[0], None
 
 
-def replay_module(rec, leaves: dict, view, config: dict, tol: float) -> dict | None:
-    """Replay one module of one side; None when it is not a standard module or a tensor is missing."""
+def softcap(logits: np.ndarray, cap: float | None) -> np.ndarray:
+    """Logit softcapping (Gemma 2): cap * tanh(logits / cap); no cap: unchanged."""
+    return logits if not cap else cap * np.tanh(logits / cap)
+
+
+def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) -> dict | None:
+    """Replay one module of one side; None when it is not a standard module or a tensor is missing.
+
+    ``head``: the reference lm_head weight, for a logits processor (vLLM never dumps the head's
+    weight there: lm_head.forward does not run)."""
     op = _op(rec)
-    if op is None:
+    if op is None or (op == "head" and head is None):
         return None
     get = lambda name: leaf_array(view, leaves[name]) if name in leaves else None  # noqa: E731
     out = get("output.0")
@@ -171,6 +181,17 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float) -> dict | N
         if b is not None:
             fit.add(True, _rel(to_dtype(x @ w.astype(np.float64).T + b, dtype).astype(np.float64), y))
         detail = {}
+    elif op == "head":
+        x = get("input_args.1")
+        if x is None:
+            return None
+        x = _rows(x)
+        logits = x @ head.astype(np.float64)[: y.shape[-1]].T
+        ref = float(config.get("final_logit_softcapping") or 0.0)      # 0: no capping
+        fit = _Fit("final_logit_softcapping", ref, tol)
+        for cap in {0.0, 30.0, 50.0, ref}:
+            fit.add(cap, _rel(to_dtype(softcap(logits, cap), dtype).astype(np.float64), y))
+        detail = {}
     else:  # embedding lookup, scaled (Gemma multiplies by sqrt(hidden))
         ids, w = get("input_args.0"), get("parameters.weight")
         if ids is None or w is None or leaves["parameters.weight"].merge:
@@ -193,6 +214,8 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
     for side in ("train", "rollout"):
         ref = refs.get(side)
         config = ref.checkpoint.config if ref else {}
+        head_name = ref.points.get("M.lm_head.weight") if ref else None
+        head = ref.checkpoint.read(head_name) if head_name else None
         for rec in recs[side]:
             if rec.kind != "module" or rec.direction != "forward" or rec.call != 0:
                 continue
@@ -202,7 +225,7 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
             dt = leaves["output.0"].dtype
             tol, _ = pair_tolerances(tolerances["replay"], dt, dt)
             try:
-                r = replay_module(rec, leaves, views[side], config, tol)
+                r = replay_module(rec, leaves, views[side], config, tol, head)
             except (ValueError, IndexError):
                 # Tensors that do not fit the standard module's signature (another layout, a
                 # module that only shares the role's name): it is not replayed, never blamed.
