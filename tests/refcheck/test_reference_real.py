@@ -150,3 +150,24 @@ def test_a_resolved_config_that_differs_from_the_checkpoint_names_the_side(name,
                    "rollout": wrong if side == "rollout" else right, "checkpoint": right,
                    "differs_from_checkpoint": side}]
     assert rc["next_checks"][0] == f"Set {key} to {right!r} on the {side} side (it resolved {wrong!r})."
+
+
+def test_each_side_can_name_its_own_checkpoint(tmp_path):
+    """--train-model / --rollout-model: each side is checked against the folder it loaded."""
+    name = "llama_tp1_fp32_stale_rollout"
+    own = tmp_path / "rollout_model"
+    shutil.copytree(CORPUS / "_models" / "llama", own)
+    out = tmp_path / "out"
+    proc = run(COMPARE, name, out, "--train-model", str(CORPUS / "_models" / "llama"), "--rollout-model", str(own),
+               model=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "output_3_value_compare.json").read_text())
+    assert doc["reference"]["rollout"]["folder"] == str(own)
+    assert doc["reference"]["train"]["folder"] == str(CORPUS / "_models" / "llama")
+    assert references(out)["L1.down.weight"]["rollout"]["matches_reference"] is False
+
+
+def test_a_side_config_without_a_model_is_a_usage_error(tmp_path):
+    proc = run(COMPARE, "llama_tp1_fp32_clean", tmp_path / "out", "--rollout-config",
+               str(CORPUS / "_models" / "llama" / "config.json"), model=False)
+    assert proc.returncode == 2 and "--rollout-config needs --model" in proc.stderr
