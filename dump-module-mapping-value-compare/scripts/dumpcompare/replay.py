@@ -23,9 +23,10 @@ ACT_NAMES = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh
 ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 NORM_ROLES = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm")
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "lm_head")
-# Replays read at most this many elements of a tensor (leading tokens): enough to tell values
-# apart, bounded work on big dumps.
+# Replays use at most this many elements of a tensor (leading tokens): enough to tell values
+# apart. Modules with a leaf over MAX_LEAF elements are not replayed: a tensor file is read whole.
 MAX_ELEMENTS = 1 << 20
+MAX_LEAF = 1 << 24
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -220,7 +221,8 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
             if rec.kind != "module" or rec.direction != "forward" or rec.call != 0:
                 continue
             leaves = views[side].leaves[rec.index]
-            if "output.0" not in leaves or not leaves["output.0"].data_name:
+            if "output.0" not in leaves or not leaves["output.0"].data_name \
+                    or any((lf.numel or 0) > MAX_LEAF for lf in leaves.values()):
                 continue
             dt = leaves["output.0"].dtype
             tol, _ = pair_tolerances(tolerances["replay"], dt, dt)
