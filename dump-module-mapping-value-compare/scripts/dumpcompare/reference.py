@@ -206,6 +206,17 @@ def _side_tensor(view, leaves) -> np.ndarray | None:
     return np.concatenate(arrays, axis=0) if len(arrays) > 1 else arrays[0]
 
 
+def _differing_ranks(ref: np.ndarray, side: np.ndarray, leaf) -> list[int]:
+    """Ranks whose shard differs, for a leaf merged from equal shards along its concat dimension."""
+    if not leaf.shards or not (leaf.merge or "").startswith("concat") or len(leaf.shards) < 2:
+        return []
+    n, dim = len(leaf.shards), int(leaf.merge.split(":")[1])
+    if ref.shape[dim] % n:
+        return []
+    return [i for i, (a, b) in enumerate(zip(np.split(ref, n, axis=dim), np.split(side, n, axis=dim)))
+            if not np.array_equal(a, b, equal_nan=True)]
+
+
 def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None, tolerances: dict,
                use_tensors: bool) -> dict:
     """``matches_reference`` of one side's parameter: true | false | unknown, with how it is known."""
@@ -251,6 +262,9 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
                         "detail": f"side tensor {list(side.shape)} fits no layout of the reference"}
             diff, label, a = min(fits, key=lambda f: f[0])
             eq = P.by_tensor(diff)
+            bad = _differing_ranks(a, side, lf0) if len(leaves) == 1 else []
+            if bad:
+                eq["detail"] += f"; only in the shard of rank(s) {', '.join(map(str, bad))}"
             if np.array_equal(np.sort(a, axis=None), np.sort(side, axis=None)):
                 eq["detail"] += "; the same values in another order (a permuted or mis-ordered weight)"
     if eq is None:
