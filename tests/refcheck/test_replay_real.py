@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.replay import activation, norm, softcap
+from dumpcompare.replay import activation, norm, rope, softcap
 from refcheck.realcases import COMPARE, CORPUS, ROOTCAUSE, report, run
 
 REPLAY = Path(__file__).resolve().parents[1] / "data" / "replay"
@@ -40,7 +40,7 @@ def test_every_standard_module_replays_to_torchs_output(tmp_path):
     reps = _replays(tmp_path)
     ops = {(r["side"], r["op"]) for r in reps}
     assert ops == {(s, o) for s in ("train", "rollout") for o in ("norm", "act", "linear", "embed")} | {
-        ("rollout", "head")}
+        ("rollout", "head"), ("rollout", "rope")}      # transformers applies RoPE and the head's cap inline
     for r in reps:
         assert r["reproduces_reference"] is True and r["residual_at_reference"] < 1e-6, r
     vllm_norm = next(r for r in reps if r["side"] == "rollout" and r["module"] == "model.layers.1.input_layernorm")
@@ -51,6 +51,9 @@ def test_every_standard_module_replays_to_torchs_output(tmp_path):
     # would be far off
     head = next(r for r in reps if r["op"] == "head")
     assert head["reference_value"] == 0.0 and head["reproducing_values"] == [0.0]
+    # vLLM's rotary_emb module: theta 1e4 from the config, and no other candidate theta fits
+    rot = next(r for r in reps if r["op"] == "rope")
+    assert rot["reference_value"] == 10000.0 and rot["reproducing_values"] == [10000.0]
 
 
 def test_eps_values_fp32_cannot_tell_apart_are_said_to_be_indistinguishable(tmp_path):
@@ -102,4 +105,11 @@ def test_norm_and_activation_formulas():
     assert np.isclose(activation("gelu", np.array([1.0]))[0], 0.8413447460685429)
     assert np.isclose(activation("gelu_tanh", np.array([1.0]))[0], 0.8411919906082768)
     assert np.allclose(softcap(np.array([0.0, 30.0]), 30.0), [0.0, 30.0 * np.tanh(1.0)])
+    # one head of 4 (rotary over the first 2 features): position 1, theta 1 -> a rotation by 1 radian
+    x = np.array([[1.0, 0.0, 5.0, 6.0]])
+    c, s_ = np.cos(1.0), np.sin(1.0)
+    assert np.allclose(rope(x, np.array([1]), 4, 2, 1.0), [[c, s_, 5.0, 6.0]])
+    y = np.array([[1.0, 0.0, 0.0, 1.0]])        # interleaved pairs (0, 1), (2, 3), all rotary
+    assert np.allclose(rope(y, np.array([1]), 4, 4, 1.0, interleaved=True), [[c, s_, -s_, c]])
+
     assert np.array_equal(softcap(np.array([100.0]), 0.0), [100.0])

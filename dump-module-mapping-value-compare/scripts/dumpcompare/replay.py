@@ -82,6 +82,8 @@ def _op(rec) -> str | None:
         return "embed"
     if rec.role == "logits":
         return "head"
+    if rec.role == "rotary":
+        return "rope"
     return None
 
 
@@ -116,6 +118,28 @@ def _config_eps(config: dict, kind: str):
         if k in config:
             return k, float(config[k])
     return keys[0], None
+
+
+def rope(x: np.ndarray, positions: np.ndarray, head: int, rotary: int, theta: float,
+         interleaved: bool = False) -> np.ndarray:
+    """Rotary embedding of [tokens, heads * head] rows: the first ``rotary`` features of each head
+    rotated as two halves (neox style) or as adjacent pairs (``interleaved``, GPT-J style), the
+    rest passed through (partial rotary)."""
+    t = x.reshape(x.shape[0], -1, head)
+    inv = 1.0 / theta ** (np.arange(0, rotary, 2, dtype=np.float64) / rotary)
+    ang = np.outer(positions.astype(np.float64), inv)[:, None, :]
+    cos, sin = np.cos(ang), np.sin(ang)
+    rot, rest = t[..., :rotary], t[..., rotary:]
+    a, b = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., : rotary // 2], rot[..., rotary // 2:])
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    rot = np.stack([ra, rb], axis=-1).reshape(rot.shape) if interleaved else np.concatenate([ra, rb], axis=-1)
+    return np.concatenate([rot, rest], axis=-1).reshape(x.shape)
+
+
+def _rope_theta(config: dict):
+    nested = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    theta = config.get("rope_theta", nested.get("rope_theta"))
+    return None if theta is None else float(theta)
 
 
 def softcap(logits: np.ndarray, cap: float | None) -> np.ndarray:
@@ -182,6 +206,25 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         if b is not None:
             fit.add(True, _rel(to_dtype(x @ w.astype(np.float64).T + b, dtype).astype(np.float64), y))
         detail = {}
+    elif op == "rope":
+        pos, q, k, k_out = get("input_args.0"), get("input_args.1"), get("input_args.2"), get("output.1")
+        scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {}).get("rope_type")
+        head = int(config.get("head_dim") or 0) or (int(config["hidden_size"]) // int(config["num_attention_heads"])
+                                                    if config.get("num_attention_heads") else 0)
+        if pos is None or q is None or k is None or k_out is None or not head or scaling not in (None, "default"):
+            return None                       # rope_scaling variants are not replayed
+        rotary = int(head * float(config.get("partial_rotary_factor", 1.0)))
+        positions = np.asarray(pos).reshape(-1)
+        q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+        y = np.concatenate([_rows(out), _rows(k_out)], axis=-1)
+        ref = _rope_theta(config)
+        fit = _Fit("rope_theta", ref, tol)
+        for theta in {1e4, 1e5, 5e5, 1e6} | ({ref} if ref else set()):
+            # The pairing style is the engine's choice per model, not a config value: the better one.
+            fit.add(theta, min(_rel(to_dtype(_rows(np.concatenate(
+                [rope(q, positions, head, rotary, theta, il), rope(k, positions, head, rotary, theta, il)], -1)),
+                dtype).astype(np.float64), y) for il in (False, True)))
+        detail = {"head_dim": head, "rotary_dim": rotary}
     elif op == "head":
         x = get("input_args.1")
         if x is None:

@@ -117,13 +117,16 @@ def side_from_replays(records: list[dict], exact_module: bool) -> tuple[str | No
     seen = {r["side"] for r in judged}
     if wrong == set(SIDES):
         return "both", "neither side's output is reproduced by the reference config's math"
-    if len(wrong) == 1 and seen == set(SIDES):
+    if len(wrong) == 1:
         bad = wrong.pop()
+        other = "rollout" if bad == "train" else "train"
         r = next(x for x in judged if x["side"] == bad and not x["reproduces_reference"])
+        tail = ("the other side's is reproduced by the reference" if other in seen else
+                f"the {other} side computes it inline, where it is not replayed")
         return bad, (f"replayed from its own inputs, the {bad} side's {r['module']} is reproduced by "
                      f"{r['key']}={r['fitted']['value']!r} (residual {r['fitted']['residual']:.2g}), not by the "
                      f"reference {r['key']}={r['reference_value']!r} (residual {r['residual_at_reference']:.2g}); "
-                     f"the other side's is reproduced by the reference")
+                     + tail)
     if exact_module and seen == set(SIDES) and not wrong:
         return "neither", ("both sides' outputs are reproduced by the reference config's math: the difference "
                            "is within the data's precision")
