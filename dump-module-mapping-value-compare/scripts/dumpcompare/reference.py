@@ -25,7 +25,6 @@ from .compare.layout import VOCAB_POINTS, interleave_parts
 from .compare.stats import Stats, combine, stat_errors
 from .naming import Namer
 
-SIDES = ("train", "rollout")
 # config.json keys that change the math of standard modules (issue 12; references/reference_checkpoint.md).
 MATH_KEYS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_theta", "rope_scaling",
              "partial_rotary_factor", "head_dim", "hidden_act", "hidden_activation", "tie_word_embeddings",
