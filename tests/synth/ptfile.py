@@ -21,26 +21,11 @@ _SCRIPTS = str(Path(__file__).resolve().parents[2] / "dump-module-mapping-value-
 if _SCRIPTS not in sys.path:
     sys.path.append(_SCRIPTS)
 
-from dumpcompare.tensorio import _DTYPES, _DType, _load_npy, _read_guarded, _to_host_dtype  # noqa: E402
+from dumpcompare.tensorio import (_DTYPES, _DType, _load_npy, _read_guarded,  # noqa: E402,F401
+                                  bfloat16_bits, load_tensor)
 
 # torch aligns each member's data to 64 bytes so storages can be memory-mapped in place.
 _ALIGNMENT = 64
-
-
-def load_tensor(path: Path, mmap: bool = False) -> np.ndarray:
-    """Read one tensor file (torch.save zip ``.pt`` or ``.npy``) into a numpy array, without torch.
-
-    The format is recognised from the content. ``.pt`` files are decoded without running any code
-    from the file and come back as a new C-contiguous array of the stored dtype, except bfloat16,
-    which is widened exactly to float32 (see ``source_dtype``). A file holding a flat list or dict
-    of tensors yields its first tensor. ``.npy`` files are loaded with pickles disabled; only
-    bool/int/uint/float/complex dtypes are accepted. ``mmap`` memory-maps ``.npy`` files read-only
-    (a big-endian one is still converted in memory); ``.pt`` files are always read into memory.
-
-    Raises TensorReadError (one line naming the file) for anything unreadable, corrupt or unsafe.
-    """
-    return _read_guarded(path, lambda p: _load_npy(p, mmap),
-                         lambda archive, ref: _to_host_dtype(archive.values(ref), ref.dtype))
 
 
 def source_dtype(path: Path) -> str:
@@ -109,19 +94,11 @@ def _tensor_pickle(shape: tuple, dtype: _DType) -> bytes:
     return b"\x80\x02" + _op_global("torch._utils", rebuild) + _op_tuple(args) + b"R."
 
 
-def _bfloat16_bits(array: np.ndarray) -> np.ndarray:
-    values = np.array(array, dtype=np.float32, order="C")
-    bits = values.view(np.uint32).astype(np.uint64)  # wide enough that rounding cannot overflow
-    # Round to nearest even on the 16 bits kept: add half an ulp, plus one if the kept part is odd.
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    # Rounding could carry a NaN into infinity; write the canonical quiet NaN as torch's scalar
-    # conversion does.
-    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
 
 
 def _storage_bytes(array: np.ndarray, dtype: _DType) -> bytes:
     if dtype.name == "bfloat16":
-        return _bfloat16_bits(array).astype("<u2").tobytes()
+        return bfloat16_bits(array).astype("<u2").tobytes()
     return np.array(array, dtype=np.dtype(dtype.code).newbyteorder("<"), order="C").tobytes()
 
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from . import checkpoint, reference, replay
 from . import documents as D
 from . import htmlreport
 from .analysis import analyse
@@ -28,6 +29,8 @@ SIDES = ("train", "rollout")
 # A family whose tensors have the token layout a dump declares (compare/tensors.py lays tensors
 # out by family); the naming keeps the side's own family.
 LAYOUT_FAMILY = {"t": "vllm", "bs": "hf", "sb": "megatron"}
+# What the reference checkpoint is taken to be (references/reference_checkpoint.md).
+REFERENCE_ROLES = ("initial", "at_step")
 # Runs on inputs below this size take seconds: no progress lines for them.
 PROGRESS_MIN_BYTES = 32 << 20
 
@@ -65,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{side}-family", choices=FAMILIES, help=f"engine family of the {side} side (default: detected)")
     ap.add_argument("--naming", help="YAML file extending or overriding the built-in naming profiles")
     ap.add_argument("--tolerances", help="YAML file overriding the dtype tolerances")
+    ap.add_argument("--model", help="Hugging Face model folder (config.json, *.safetensors) both sides loaded: "
+                    "each side's parameters are checked against it (the reference)")
+    for side in SIDES:
+        ap.add_argument(f"--{side}-model", help=f"model folder the {side} side loaded, when the sides loaded different ones")
+        ap.add_argument(f"--{side}-config", help=f"config.json the {side} engine really resolved (default: the model's)")
+    ap.add_argument("--reference-taken-as", choices=REFERENCE_ROLES, default=REFERENCE_ROLES[0],
+                    help="what the checkpoint is: the initial one (dumps before the first weight sync) or one "
+                         "saved at the dumped step")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
     ap.add_argument("--no-fold-calls", action="store_true",
                     help="keep every call of a module as its own entry (one output row per call; slower on large dumps)")
@@ -81,6 +92,7 @@ def run(args: argparse.Namespace) -> dict:
         raise InputError(f"{out}: --out-dir exists and is not a folder")
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
+    refs = _references(args, namer)
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
                          {s: getattr(args, f"{s}_rank") for s in SIDES},
                          {s: survey(getattr(args, s), s, args.format) for s in SIDES})
@@ -105,6 +117,11 @@ def run(args: argparse.Namespace) -> dict:
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
                        jobs=(args.jobs or default_jobs()) if tensor_files else 1).run(plan.comparisons)
+    if any(refs.values()):
+        say("checking parameters against the reference checkpoint")
+        reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
+    # Tensor mode: replay the standard modules of each side from its own tensors (replay.py).
+    replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
@@ -114,7 +131,9 @@ def run(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     doc1, (h1, r1) = D.output_1(sources, recs)
     doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
-    doc3, (h3, r3) = D.output_3(results, tolerances, mode)
+    doc3, (h3, r3) = D.output_3(results, tolerances, mode,
+                                {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None)
+    doc3["replays"] = replays
     layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
     evidence = inputs.to_json()["tokens"]
     comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})
@@ -137,6 +156,28 @@ def run(args: argparse.Namespace) -> dict:
     if not args.quiet:
         _summary(doc2["summary"], doc4, sources, mode, out)
     return doc4
+
+
+def _references(args: argparse.Namespace, namer: Namer) -> dict:
+    """Per side, the reference checkpoint and the config that side resolved (None without --model)."""
+    loaded, out = {}, {}
+    for s in SIDES:
+        folder = getattr(args, f"{s}_model") or args.model
+        if folder is None:
+            if getattr(args, f"{s}_config"):
+                raise InputError(f"--{s}-config needs --model or --{s}-model (the checkpoint it configures)")
+            out[s] = None
+            continue
+        if folder not in loaded:
+            loaded[folder] = checkpoint.load(folder)
+        ckpt = loaded[folder]
+        cfg_file = getattr(args, f"{s}_config")
+        config = checkpoint.read_config(cfg_file) if cfg_file else ckpt.config
+        if cfg_file and not config:
+            raise InputError(f"{cfg_file}: --{s}-config is missing or empty")
+        out[s] = reference.SideReference(ckpt, config, reference.index_points(ckpt, namer), args.reference_taken_as,
+                                         cfg_file)
+    return out
 
 
 def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):

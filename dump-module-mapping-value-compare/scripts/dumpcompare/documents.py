@@ -120,16 +120,17 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     return doc, [header, rows]
 
 
-def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, list]:
-    """Value comparison: one record per executed comparison."""
-    doc = {"mode": mode, "tolerances": tolerances,
+def output_3(results: list[Result], tolerances: dict, mode: str, reference: dict | None = None) -> tuple[dict, list]:
+    """Value comparison: one record per executed comparison; ``reference``: the checkpoint per side."""
+    doc = {"mode": mode, "tolerances": tolerances, "reference": reference,
            "summary": dict(Counter(r.status for r in results)),
            "logprob": logits_view(results),
            "results": results}
     header = ["cid", "point", "kind", "mode", "status", "error", "tolerance", "train_modules", "rollout_modules",
               "train_dtype", "rollout_dtype", "train_shape", "rollout_shape", "max_diff", "min_diff", "mean_diff",
               "norm_diff", "norm_rel", "cosine", "rel_l2", "max_abs", "frac_within_tol", "first_token_past_tol",
-              "calls_compared", "calls_diverged", "first_diverged_call", "reason"]
+              "calls_compared", "calls_diverged", "first_diverged_call", "train_matches_reference",
+              "rollout_matches_reference", "reason"]
     rows = []
     for r in results:
         se, tm, calls = r.stat_errors or {}, r.tensor_metrics or {}, r.calls or {}
@@ -140,7 +141,7 @@ def output_3(results: list[Result], tolerances: dict, mode: str) -> tuple[dict, 
                      se.get("norm_diff"), se.get("norm_rel"), tm.get("cosine"), tm.get("rel_l2"),
                      tm.get("max_abs"), tm.get("frac_within_tol"), tm.get("first_token_past_tol"),
                      calls.get("compared", 1), counts.get("mismatch", 0) + counts.get("nonfinite", 0) if calls else "",
-                     calls.get("first_diverged", ""), r.reason or ";".join(r.notes)])
+                     calls.get("first_diverged", ""), *_ref_cells(r.reference), r.reason or ";".join(r.notes)])
     return doc, [header, rows]
 
 
@@ -162,6 +163,10 @@ def logits_view(results: list[Result]) -> dict | None:
         return {"kind": "per_token_logprob", **base,
                 **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level")}}
     return {"kind": "logits_statistics", **base, "stat_errors": r.stat_errors}
+
+
+def _ref_cells(ref: dict | None) -> list:
+    return [(ref or {}).get(s, {}).get("matches_reference", "") for s in ("train", "rollout")]
 
 
 def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, results: list[Result],

@@ -21,7 +21,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-__all__ = ["TensorReadError", "TensorInfo", "resolve_data_file", "load_pt_tree", "open_tensor", "widen_bf16"]
+__all__ = ["TensorReadError", "TensorInfo", "resolve_data_file", "load_pt_tree", "load_tensor", "open_tensor",
+           "widen_bf16", "bfloat16_bits"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -509,3 +510,23 @@ def resolve_data_file(dump_dir: Path, data_name: str, dump_data_dir: str | None)
         if real.is_file():
             return real
     raise TensorReadError(data_name, "not found (looked for " + ", ".join(map(str, tried)) + ")")
+
+
+def load_tensor(path: Path, mmap: bool = False) -> np.ndarray:
+    """Read one whole tensor file (torch.save zip ``.pt`` or ``.npy``) into a numpy array.
+
+    For small tensors read whole (reference checks); bfloat16 is widened exactly to float32.
+    ``mmap`` memory-maps ``.npy`` files. Raises TensorReadError (one line naming the file).
+    """
+    return _read_guarded(path, lambda p: _load_npy(p, mmap),
+                         lambda archive, ref: _to_host_dtype(archive.values(ref), ref.dtype))
+
+
+def bfloat16_bits(array: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (uint16) of ``array`` rounded to nearest even, as torch casts."""
+    values = np.array(array, dtype=np.float32, order="C")
+    bits = values.view(np.uint32).astype(np.uint64)  # wide enough that rounding cannot overflow
+    # Round to nearest even on the 16 bits kept: add half an ulp, plus one if the kept part is odd.
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    # Rounding could carry a NaN into infinity: the canonical quiet NaN, as torch writes it.
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)

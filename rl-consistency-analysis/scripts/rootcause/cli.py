@@ -12,7 +12,8 @@ SKILL_ROOT = Path(__file__).resolve().parents[2]
 # imports nothing from it and runs it as a subprocess. tests/rootcause/test_rootcause_cli.py
 # checks that these declarations match run_compare.py's and that each one is passed through.
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
-                       "rollout_family", "format", "naming", "tolerances", "jobs")
+                       "rollout_family", "format", "naming", "tolerances", "jobs", "model", "train_model",
+                       "rollout_model", "train_config", "rollout_config", "reference_taken_as")
 PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls")
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 FORMATS = ("auto", "msprobe", "generic", "sglang")
@@ -46,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{side}-family", choices=FAMILIES, help="passed to the compare step")
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
+    ap.add_argument("--model", help="Hugging Face model folder both sides loaded (the reference checkpoint), "
+                    "passed to the compare step: names the side whose parameters or config differ from it")
+    for side in ("train", "rollout"):
+        ap.add_argument(f"--{side}-model", help=f"model folder the {side} side loaded, passed to the compare step")
+        ap.add_argument(f"--{side}-config", help=f"config.json the {side} engine resolved, passed to the compare step")
+    ap.add_argument("--reference-taken-as", choices=("initial", "at_step"),
+                    help="what the checkpoint is (initial, or saved at the dumped step), passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=_positive_int, help="processes reading the dumps, passed to the compare step")

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from . import explain, triage
+from . import explain, sides, triage
 from .evidence import Evidence
 from .triage import Triage
 
@@ -24,7 +24,7 @@ AGENT_REPORT = "output_5_root_cause_report.md"
 HTML = "report.html"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
-         "next_checks")
+         "next_checks", "side_evidence", "config_keys")
 
 
 def _clean(obj):
@@ -70,6 +70,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
         "partial": bool(ev.analysis.get("partial")),
         "comparability": ev.analysis.get("comparability"),
         "mode": ev.mode,
+        "reference": sides.reference_section(ev),
         "inputs": inputs,
         "sides": explain.sides(ev),
         "logits": ev.compare.get("logprob"),

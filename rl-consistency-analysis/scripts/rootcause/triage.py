@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import credence, hypotheses
+from . import credence, hypotheses, sides
 from .evidence import Evidence
 
 DIVERGED = ("mismatch", "nonfinite")
@@ -404,6 +404,7 @@ def run(ev: Evidence) -> Triage:
                                    "values": "different", "reason": reason})
             continue
         f = classify(ev, m)
+        fixes = sides.decide(ev, f, m)
         if found and m["input_status"] in DIVERGED and f["category"] != "parameter_or_checkpoint_issue":
             # Behind an accepted root cause, diverged inputs are most simply its propagation.
             f["category"] = "upstream_propagation"
@@ -411,6 +412,7 @@ def run(ev: Evidence) -> Triage:
         f["confidence"], f["confidence_notes"] = confidence(ev, f, m)
         f["confidence_word"] = credence.word(f["confidence"])
         f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+        f["next_checks"] = fixes + f["next_checks"]
         if f["category"] == "upstream_propagation":
             tri.other_candidates.append(f)
         else:

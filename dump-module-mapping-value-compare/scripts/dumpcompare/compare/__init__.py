@@ -65,6 +65,7 @@ class Result:
     calls: dict[str, Any] | None = None  # folded modules: how the calls compared (output_3 ``calls``)
     param_equality: dict[str, Any] | None = None  # parameters only: compare/params.py
     logprob: dict[str, Any] | None = None  # the logits point in tensor mode: per-token log-prob view
+    reference: dict[str, Any] | None = None  # parameters with --model: per side, reference.py
 
 
 def load_tolerances(user_file: str | None = None) -> dict:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tensorio import bfloat16_bits, widen_bf16
+
 # Widths in mantissa bits, for rounding the wider side's Max/Min to the narrower dtype.
 _NARROW = {"bfloat16": "bfloat16", "float16": "float16"}
 
@@ -24,9 +26,7 @@ def _round_to(value: float, dtype: str) -> float:
     """``value`` rounded to nearest-even in ``dtype`` (bfloat16 or float16), as a float."""
     if dtype == "float16":
         return float(np.float16(value))
-    bits = np.array([value], dtype=np.float32).view(np.uint32)
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-    return float(bits.view(np.float32)[0])
+    return float(widen_bf16(bfloat16_bits(np.array([value], dtype=np.float32)))[0])
 
 
 def _same_extreme(a, b, dt: str, dr: str) -> bool:

@@ -1,0 +1,150 @@
+"""A Hugging Face model folder read without torch: ``config.json`` and ``*.safetensors``.
+
+The safetensors format is an 8-byte little-endian header length, a JSON header giving each
+tensor's dtype, shape and byte range, then the raw little-endian data. It is read here by hand,
+memory-mapped and one tensor at a time, because ``safetensors.numpy`` hands tensors to numpy,
+which has no bfloat16: bf16 tensors are read as their uint16 bits and widened to float32
+(exactly; every bf16 value is a float32).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .tensorio import widen_bf16
+
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
+           "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "U8": np.dtype("u1"), "I8": np.dtype("i1"),
+           "BOOL": np.dtype("?")}
+# Side dtype names (dumpcompare.compare.dtype_key) of each safetensors dtype.
+DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+_MAX_HEADER = 100 << 20
+INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: its file, safetensors dtype, shape and byte range in that file."""
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+@dataclass
+class Checkpoint:
+    """The tensors and config of one model folder; tensors are read on demand."""
+    folder: Path
+    files: list[Path]
+    tensors: dict[str, TensorInfo]
+    config: dict = field(default_factory=dict)
+    _maps: dict = field(default_factory=dict, repr=False)
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a numpy array (bf16 widened to float32; a fresh copy)."""
+        info = self.tensors[name]
+        mm = self._maps.get(info.file)
+        if mm is None:
+            with open(info.file, "rb") as fh:
+                mm = self._maps[info.file] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        raw = np.frombuffer(mm, dtype=_DTYPES[info.dtype], count=(info.end - info.start) // _DTYPES[info.dtype].itemsize,
+                            offset=info.start).reshape(info.shape)
+        if info.dtype == "BF16":
+            return widen_bf16(raw)
+        return raw.astype(raw.dtype.newbyteorder("="), copy=True)
+
+    def dtype_name(self, name: str) -> str:
+        """The stored dtype of ``name`` as a side dtype name (bfloat16, float32, ...)."""
+        d = self.tensors[name].dtype
+        return DTYPE_NAMES.get(d, d.lower())
+
+
+def _header(path: Path) -> dict[str, TensorInfo]:
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise InputError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+        n = struct.unpack("<Q", head)[0]
+        if n > min(_MAX_HEADER, size - 8):
+            raise InputError(f"{path}: safetensors header length {n} points outside the file ({size} bytes)")
+        try:
+            meta = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{path}: safetensors header is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: safetensors header is not a JSON object")
+    base, out, spans = 8 + n, {}, []
+    for name, d in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (a, b) = d["dtype"], tuple(int(x) for x in d["shape"]), d["data_offsets"]
+            a, b = int(a), int(b)
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: tensor {name!r} has no valid dtype/shape/data_offsets") from None
+        if dtype not in _DTYPES:
+            raise InputError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+        want = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+        if a < 0 or b < a or base + b > size or b - a != want:
+            raise InputError(f"{path}: tensor {name!r} data_offsets [{a}, {b}] do not fit the file or its shape")
+        out[name] = TensorInfo(path, dtype, shape, base + a, base + b)
+        spans.append((a, b, name))
+    spans.sort()
+    for (a0, b0, n0), (a1, _b1, n1) in zip(spans, spans[1:]):
+        if a1 < b0:
+            raise InputError(f"{path}: tensors {n0!r} and {n1!r} overlap in the file")
+    return out
+
+
+def _inside(folder: Path, name: str, where: Path) -> Path:
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise InputError(f"{where}: file name {name!r} is not a plain file name in the model folder")
+    return folder / name
+
+
+def load(folder: str | Path) -> Checkpoint:
+    """Read the headers of a model folder (single ``*.safetensors`` or sharded with an index)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise InputError(f"{root}: --model must be a Hugging Face model folder")
+    index = root / INDEX
+    if index.is_file():
+        try:
+            wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            raise InputError(f"{index}: not a safetensors index (no weight_map)") from None
+        if not isinstance(wmap, dict):
+            raise InputError(f"{index}: weight_map is not an object")
+        files = sorted({_inside(root, f, index) for f in wmap.values()})
+    else:
+        files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{root}: no *.safetensors files in the model folder")
+    tensors: dict[str, TensorInfo] = {}
+    for f in files:
+        if not f.is_file():
+            raise InputError(f"{f}: listed in {INDEX} but missing")
+        tensors.update(_header(f))
+    return Checkpoint(root, files, tensors, read_config(root / "config.json"))
+
+
+def read_config(path: str | Path) -> dict:
+    """A config.json as a dict (empty when absent); a text config that is not JSON is an error."""
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{p}: not a JSON config ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{p}: config is not a JSON object")
+    return doc

@@ -1,0 +1,43 @@
+"""Running the two commands on a case of the real corpus (tests/data/real) with its checkpoint."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests" / "data" / "real"
+ROOTCAUSE = REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
+COMPARE = REPO / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py"
+
+
+def case(name: str) -> dict:
+    return json.loads((CORPUS / name / "case.json").read_text(encoding="utf-8"))
+
+
+def rank_args(name: str) -> list[str]:
+    """Merge the rollout's tensor-parallel ranks; take the train rank holding the rollout's sequence."""
+    c = case(name)
+    args = ["--rollout-rank", "all"] if c["rollout"]["tp"] > 1 else []
+    if c["train"].get("layout", "").startswith("fsdp"):
+        args += ["--train-rank", "0"]
+    return args
+
+
+def run(script: Path, name: str, out: Path, *extra: str, model: bool = True) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(script), "--train", str(CORPUS / name / "train"), "--rollout",
+            str(CORPUS / name / "rollout"), "--out-dir", str(out), "--quiet", *rank_args(name), *extra]
+    if model:
+        argv += ["--model", str(CORPUS / "_models" / case(name)["family"])]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def references(out: Path) -> dict:
+    """point -> {side: matches_reference record} from output_3."""
+    doc = json.loads((out / "output_3_value_compare.json").read_text(encoding="utf-8"))
+    return {r["point"]: r["reference"] for r in doc["results"] if r.get("reference")}
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "output_5_root_cause_report.json").read_text(encoding="utf-8"))
