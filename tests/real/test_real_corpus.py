@@ -75,13 +75,7 @@ SGLANG_TREES = {f: _renamed(t, Attention="RadixAttention") for f, t in VLLM_TREE
                 if f in ("llama", "qwen2", "qwen3")}
 
 # case -> what the pipeline says today instead of the expected answer (one line each).
-_GEMMA_EMBED = ("verdict root_cause_found (in_module_impl_difference at model.embed_tokens): transformers scales "
-                "the Gemma embedding by sqrt(hidden) inside the module, vLLM after it")
 XFAIL = {
-    "gemma2_gen_bf16_clean": _GEMMA_EMBED,
-    "gemma2_tp1_fp32_clean": _GEMMA_EMBED,
-    "gemma2_tp1_fp32_stale_pre_ff_norm": ("in_module_impl_difference at mlp.gate_proj+up_proj / gate_up_proj of layer 0 "
-                                          "instead of parameter_or_checkpoint_issue at pre_feedforward_layernorm"),
     "llama_tp1_fp32_lm_head_bf16": ("verdict no_credible_divergence: logits computed in bf16 (rel. error 2.9e-3, "
                                     "engine noise 0 in fp32) pass the default tolerance"),
 }

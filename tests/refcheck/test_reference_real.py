@@ -26,7 +26,7 @@ PARAMETER_FAULTS = {
     "llama_tp2_tensor_wrong_shard": ("L1.gate.weight+L1.up.weight", "tensor"),
     "phi3_tp2_fp32_stale_qkv": ("L1.q.weight+L1.k.weight+L1.v.weight", "statistics"),
     "qwen3_tp1_fp32_stale_k_norm": ("L1.k_norm.weight", "statistics"),
-    "gemma2_tp1_fp32_stale_pre_ff_norm": ("path:model.layers.0.pre_feedforward_layernorm:parameters.weight",
+    "gemma2_tp1_fp32_stale_pre_ff_norm": ("L0.pre_ff_norm.weight",
                                           "statistics"),
 }
 

@@ -266,7 +266,10 @@ class Namer:
         if not rule:
             return part
         role, cls = next(iter(rule["if_role_class"].items()))
-        have = layer_roles.get((rec.layer, role))
+        # A model-level module (layer None) asks whether any layer has the role: all layers of one
+        # model are built alike.
+        have = (layer_roles.get((rec.layer, role)) if rec.layer is not None
+                else next((c for (_, r), c in layer_roles.items() if r == role), None))
         return rule["then"] if have is not None and re.search(cls, have) else rule["else"]
 
 
