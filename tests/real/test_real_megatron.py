@@ -19,15 +19,10 @@ from real.corpus_check import CORPUS, case_doc, disagreements, run_default_comma
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
                if json.loads(p.read_text(encoding="utf-8"))["train"]["engine"] == "megatron-core")
 
-_TWO_DUMPS = ("exit 2: folder holds 2 dumps (steps: 0; ranks: 0, 1); choose one with --train-step and "
-              "--train-rank")
-_SP_TENSOR = (_TWO_DUMPS + "; with --train-rank all --rollout-rank all: root_cause_found, "
-              "in_module_impl_difference at embedding.word_embeddings (its output is sequence-sharded)")
 _QKV = ("category missing_or_extra_op_between_aligned_boundary at decoder.layers.0.self_attention."
         "q_layernorm (an IdentityOp placeholder blamed as an extra op), rollout module None")
 # case -> what the pipeline says today instead of the expected answer.
 XFAIL = {
-    "megatron_tp2_sp_tensor_clean": _SP_TENSOR,
     "megatron_tp1_qkv_plain_order": _QKV,
     "megatron_tp1_tensor_qkv_plain_order": _QKV,
 }

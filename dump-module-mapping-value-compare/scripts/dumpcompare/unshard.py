@@ -54,8 +54,17 @@ def merge_rule(rec: ModuleRecord, leaf: str, group: list[Leaf], rules: dict) -> 
     row = rec.role in rules.get("row_parallel_roles", _ROW_PARALLEL_DEFAULT)
     if leaf.startswith("parameters."):
         return "concat:1" if row and leaf.endswith("weight") else "concat:0"
+    shape = group[0].shape
+    tokens = rules.get("tokens")
+    if shape and tokens and shape[0] * len(group) * (shape[1] if len(shape) > 2 else 1) == tokens:
+        # Sequence parallel: each rank holds its slice of the tokens (Megatron [s/tp, b, h]).
+        return "concat:0"
     if row and leaf.startswith("output"):
         return "sum"
+    if shape and len(shape) == 4:
+        # Per-head activations ([s, b, heads, head_dim] in Megatron): ranks hold heads, never a
+        # slice of the head size.
+        return "concat:2"
     return "concat:-1"
 
 

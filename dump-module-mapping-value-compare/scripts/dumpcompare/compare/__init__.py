@@ -15,7 +15,7 @@ from ..mapping import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import params as P
 from . import tensors as T
-from .layout import interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
+from .layout import gather_rank_qkv, interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from . import sources
 from .logprob import LOGITS_POINT, TOKENS_POINT, LogProbs, token_ids
 from .sources import Blocks, Leafsrc, block_ranges
@@ -489,6 +489,14 @@ class Executor:
             standard, parts = (r, rarrs) if grouped_is_train else (t, tarrs)
             sizes = ([p.shape[cat_axis] for p in parts[:2]] if len(parts) == 3 else [None, None])
             head_dim, per_group = self._head_geometry(plan)
+            ranks = _rank_groups(rl if grouped_is_train else tl) if len(parts) == 1 else 1
+            if ranks > 1:
+                # The standard side is fused per rank ([q_r; k_r; v_r] after one another).
+                gathered = gather_rank_qkv(standard, ranks, cat_axis, head_dim, per_group)
+                if gathered is None:
+                    raise ValueError(f"{GROUPED}: cannot split the {ranks} ranks' fused qkv blocks (head size "
+                                     f"{head_dim}, {per_group} q heads per k head)")
+                standard = gathered
             split = qkv_split(standard.shape[cat_axis], *sizes, head_dim, per_group)
             if split is None:
                 raise ValueError(f"{GROUPED}: cannot regroup qkv, the dump does not show the head size "

@@ -77,6 +77,22 @@ def qkv_split(total: int, q_rows: int | None, kv_rows: int | None, head_dim: int
     return q_rows, kv_rows, kv_rows // head_dim
 
 
+def gather_rank_qkv(fused: np.ndarray, ranks: int, axis: int, head_dim: int | None,
+                    heads_per_group: int | None) -> np.ndarray | None:
+    """[q; k; v] from a fused qkv merged from ``ranks`` tensor-parallel ranks, or None.
+
+    vLLM and SGLang give each rank its own [q_r; k_r; v_r]; concatenated, the ranks' blocks follow
+    one another. Each block is split by the head geometry and the parts gathered across ranks.
+    """
+    block = fused.shape[axis] // ranks if ranks else 0
+    split = qkv_split(block, None, None, head_dim, heads_per_group) if block * ranks == fused.shape[axis] else None
+    if split is None:
+        return None
+    q, kv, _ = split
+    parts = [np.split(b, [q, q + kv], axis=axis) for b in np.split(fused, ranks, axis=axis)]
+    return np.concatenate([p[i] for i in range(3) for p in parts], axis=axis)
+
+
 def regroup_qkv(standard: np.ndarray, axis: int, split: tuple[int, int, int]) -> np.ndarray:
     """Lay a [q; k; v] tensor out in Megatron's per-group order (``split`` from :func:`qkv_split`)."""
     q, kv, groups = split
