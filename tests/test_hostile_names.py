@@ -157,6 +157,33 @@ def test_stdout_of_both_scripts_carries_no_control_character(runs):
                runs["compare"].stdout.splitlines())
 
 
+def test_report_html_escapes_every_name_and_builds_nothing_from_them(runs):
+    """report.html of both scripts: the name shows escaped, no raw markup, no control character,
+    and no attribute or URL carries dump text."""
+    import html as _html
+    from html.parser import HTMLParser
+
+    class Collect(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.attrs = [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            self.attrs += [v or "" for _, v in attrs]
+
+    name = runs["name"]
+    for out in runs["outs"]:
+        page = (out / "report.html").read_text(encoding="utf-8")
+        assert not _invisible(page)
+        assert "<script" not in page.lower()
+        assert safetext.html(name) in page
+        parsed = Collect()
+        parsed.feed(page)
+        assert "script" not in parsed.tags
+        assert not any(_html.unescape(safetext.html(name)) in v or safetext.html(name) in v for v in parsed.attrs)
+
+
 def test_json_outputs_hold_the_exact_names(runs):
     compare, rootcause = runs["outs"]
     d1 = json.loads((compare / "output_1_key_mapping.json").read_text(encoding="utf-8"))

@@ -1,15 +1,28 @@
 """report.html: one self-contained page (inline SVG, no script, no network) drawn from the outputs.
 
-Standard library only and no imports from this package: the root-cause skill loads this file by
-path from its sibling folder (rootcause/sibling.py) and adds its verdict, so both skills draw
-the same charts from one copy of the code. Input is the JSON form of the outputs (non-finite
-numbers may be the strings "NaN"/"Infinity"). Every string read from a dump goes through
-:func:`text` and only into element content, never into an attribute.
+Standard library only and no package imports: the root-cause skill loads this file by path
+from its sibling folder (rootcause/sibling.py) and adds its verdict, so both skills draw the
+same charts from one copy of the code. Input is the JSON form of the outputs (non-finite numbers
+may be the strings "NaN"/"Infinity"). Every string read from a dump goes through :func:`text`
+(safetext.html, the one escaping of every view, loaded from the file beside this one) and only
+into element content, never into an attribute.
 """
 from __future__ import annotations
 
-import html
+import importlib.util
 import math
+from pathlib import Path
+
+
+def _load_safetext():
+    path = Path(__file__).with_name("safetext.py")
+    spec = importlib.util.spec_from_file_location("htmlreport_safetext", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SAFE = _load_safetext()
 
 REPORT = "report.html"
 STATUS_CLASS = {"match": "match", "drift": "drift", "mismatch": "mismatch", "nonfinite": "nonfinite",
@@ -25,8 +38,9 @@ FLOOR = -12          # log10 of the smallest error drawn; exact zeros sit on thi
 
 
 def text(value) -> str:
-    """Escape one dump-derived value for HTML element content (the one place that does it)."""
-    return html.escape(str(value))
+    """One dump-derived value as HTML element content (safetext.html: markup escaped, invisible
+    characters such as bidi overrides shown as escapes)."""
+    return _SAFE.html(str(value))
 
 
 def num(v) -> float | None:
