@@ -460,13 +460,19 @@ STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px;color:#222}"
          "font-size:13px;text-align:left;vertical-align:top}.legend span{margin-right:14px;font-size:13px}")
 
 
+def _more_files(source: dict) -> str:
+    n = len(source.get("files") or [])
+    return f" (+{n - 1} more: steps {source.get('steps')}, ranks {source.get('ranks')})" if n > 1 else ""
+
+
 def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None) -> str:
     """The whole page from output_3, output_4, output_1's sources and, optionally, output_5."""
     lp = compare.get("logprob")
     logits = next((r for r in compare.get("results", []) if lp and r["cid"] == lp.get("cid")), None)
-    sides = "".join(f"<tr><td>{side}</td><td>{text(s.get('family'))}</td><td>{text(s.get('path'))}</td>"
-                    f"<td>{text(s.get('task'))}</td><td>{text(s.get('level'))}</td></tr>"
-                    for side, s in sources.items())
+    # One row per side; a side read from several files (ranks, steps) shows how many.
+    sides = "".join(f"<tr><td>{side}</td><td>{text(s.get('family'))}</td><td>{text(s.get('path'))}"
+                    f"{text(_more_files(s))}</td><td>{text(s.get('task'))}</td><td>{text(s.get('level'))}</td></tr>"
+                    for side, s in sources.items() if side in ("train", "rollout"))
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>train vs rollout divergence</title>"
             f"<style>{STYLE}</style></head><body><h1>Train vs rollout divergence</h1>"
             "<table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
