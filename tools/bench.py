@@ -11,13 +11,19 @@ every stage runs in its own subprocess, ``--repeat`` times:
 * ``run_root_cause_analysis.py --reuse-outputs`` (triage only, on the compare outputs),
 * ``run_root_cause_analysis.py`` end to end (compare + root cause).
 
+``--ranks``/``--steps`` split each side into that many files (``bigdump.py`` layout); the pipeline
+merges them as its input plan decides (by default: the ranks of a step as tensor-parallel
+shards), and the memory ratio is then against the largest rank file. ``--sizes`` runs one such
+set per size and adds a ``scale`` line per pipeline stage: how its time and peak memory grow
+with the input (``make bench-ranks``: 8 ranks per side at 100, 200 and 400 MB per side).
+
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
 
 Per stage the bench prints the median wall time, the peak memory (the larger of the exact peak
 RSS of any one process of the stage, from ``wait4``, and the sampled sum of the RSS of all its
-processes), and the ratios of issue 6: pipeline time / baseline time (both files) and peak
-memory / size of the larger dump file. A stage that passes ``--stage-timeout`` (default:
+processes), and the ratios of issue 6: pipeline time / baseline time (all files) and peak
+memory / size of the largest dump file. A stage that passes ``--stage-timeout`` (default:
 ``--timeout-factor`` x its baseline) or ``--mem-limit-mb`` is stopped and reported as such.
 Progress goes to stderr, the table and the ``ratio`` lines to stdout. Generated files are
 removed at the end unless ``--keep``; a pair kept in ``--workdir`` by an earlier run with the
@@ -26,6 +32,7 @@ same parameters is reused.
     python3 tools/bench.py                      # ~1 GB per side, 80 layers, 3 repeats
     python3 tools/bench.py --quick              # ~50 MB per side, 1 repeat, small tensor pair
     python3 tools/bench.py --size-mb 200 --stages json,compare --profile --keep --workdir /tmp/b
+    python3 tools/bench.py --ranks 8 --sizes 100,200,400 --stages json,compare   # make bench-ranks
 """
 from __future__ import annotations
 
@@ -431,8 +438,8 @@ def run_statistics(args, work: Path, size_mb: float, stages: set, mem_limit: int
     per_side = len(files) // 2
     what = "larger file" if per_side == 1 else "largest rank file"
     info_lines.append(
-        f"statistics pair{tag}: {len(files)} dump.json ({args.steps} step(s) x {args.ranks} rank(s) per side), train {_mb(summary['side_bytes']['train'])} MB, "
-        f"rollout {_mb(summary['side_bytes']['rollout'])} MB, {what} {_mb(larger)} MB, "
+        f"statistics pair{tag}: {len(files)} dump.json ({args.steps} step(s) x {args.ranks} rank(s) "
+        f"per side), train {_mb(summary['side_bytes']['train'])} MB, rollout {_mb(summary['side_bytes']['rollout'])} MB, {what} {_mb(larger)} MB, "
         f"{summary['calls']} calls x {summary['entries_per_call']['train']}/"
         f"{summary['entries_per_call']['rollout']} entries (train/rollout), "
         f"{args.layers} layers, faults: {', '.join(args.faults) or 'none'}")
@@ -562,7 +569,6 @@ def run_statistics(args, work: Path, size_mb: float, stages: set, mem_limit: int
                               f"(rc={r.rc}, {r.stopped or 'exited'})")
 
 
-
 def scale_lines(sets: list[dict]) -> list[str]:
     """Per pipeline stage, how its time and peak memory grow over the statistics sets, against
     the growth of the input (the sum of both sides' bytes) from the smallest set."""
@@ -597,7 +603,7 @@ def main(argv=None) -> int:
                     "against json.load and np.load baselines (issue 6).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Stages: " + ", ".join(STAGES) + ". Ratios: pipeline median time / baseline "
-               "median time of both files; peak memory / size of the larger dump.json.")
+               "median time of all files; peak memory / size of the largest dump.json.")
     ap.add_argument("--size-mb", type=float, default=None,
                     help="statistics dump size per side in MB (default 1024; 50 with --quick)")
     ap.add_argument("--sizes", default=None,
@@ -693,7 +699,6 @@ def main(argv=None) -> int:
     py = args.python
     t_start = time.perf_counter()
     try:
-        # ---------------------------------------------------------------- statistics mode
         # ---------------------------------------------------------------- statistics mode
         if stages & {"json", "orjson", "compare", "triage", "rootcause"}:
             for size_mb in args.sizes:
