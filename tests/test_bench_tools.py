@@ -121,3 +121,56 @@ def test_bench_keeps_and_reuses_the_pair(tmp_path):
 def test_help():
     assert "--size-mb" in _run([BENCH, "--help"]).stdout
     assert "--size-mb" in _run([BIGDUMP, "--help"]).stdout
+
+
+def _bench_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_tool", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_scale_lines_show_growth_against_the_smallest_set():
+    bench = _bench_module()
+    sets = [{"stage": "compare", "size_mb": s, "files": 16,
+             "side_bytes": {"train": s * 1e6, "rollout": s * 1e6}, "largest_file_bytes": s * 1e6 / 8,
+             "json_load_s": s / 10, "median_s": t, "peak_bytes": p}
+            for s, t, p in ((400, 40.0, 600e6), (100, 10.0, 200e6), (200, 21.0, None))]
+    [line] = bench.scale_lines(sets)
+    assert line.startswith("scale statistics compare (16 files per set): 100 MB/side")
+    cells = line.split(": ", 1)[1].split("; ")
+    assert cells[0] == "100 MB/side (input x1.00): 10.00 s (x1.00), peak 200 MB (x1.00), 16.00x the largest file"
+    # Sorted by input size; a stage without a measured peak still shows its time.
+    assert cells[1] == "200 MB/side (input x2.00): 21.00 s (x2.10), peak -"
+    assert cells[2] == "400 MB/side (input x4.00): 40.00 s (x4.00), peak 600 MB (x3.00), 12.00x the largest file"
+    # One set per stage: nothing to scale.
+    assert bench.scale_lines(sets[:1]) == []
+
+
+@pytest.mark.slow
+def test_bench_rank_sets_print_ratio_and_scale_lines(tmp_path):
+    work = tmp_path / "w"
+    proc = _run([BENCH, "--ranks", "8", "--sizes", "0.5,1", "--layers", "2", "--stages", "json,compare",
+                 "--repeat", "1", "--workdir", work])
+    out = proc.stdout.splitlines()
+    for size in ("0.5", "1"):
+        tag = f"[8 file(s) x {size} MB per side]"
+        line = next(ln for ln in out if ln.startswith(f"ratio statistics compare {tag}:"))
+        assert re.search(r"time / json\.load\(all files\) = \d+\.\d\dx .*"
+                         r"peak memory / largest rank file = \d+\.\d\dx", line), line
+        assert any(ln.startswith(f"json.load all files (sum of medians) {tag}") for ln in out)
+        info = next(ln for ln in out if ln.startswith(f"statistics pair {tag}:"))
+        assert "16 dump.json (1 step(s) x 8 rank(s) per side)" in info, info
+    # 16 files per set: the per-file json.load rows are summed up, not listed.
+    assert not any(ln.startswith("json.load train/") for ln in out)
+    scale = next(ln for ln in out if ln.startswith("scale statistics compare (16 files per set): "))
+    assert "0.5 MB/side (input x1.00)" in scale and re.search(r"1 MB/side \(input x\d\.\d\d\)", scale)
+    assert not list(work.glob("stats_pair*"))
+
+
+def test_bench_rejects_bad_sizes():
+    proc = subprocess.run([sys.executable, str(BENCH), "--sizes", "100,abc"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "--sizes" in proc.stderr

@@ -11,13 +11,19 @@ every stage runs in its own subprocess, ``--repeat`` times:
 * ``run_root_cause_analysis.py --reuse-outputs`` (triage only, on the compare outputs),
 * ``run_root_cause_analysis.py`` end to end (compare + root cause).
 
+``--ranks``/``--steps`` split each side into that many files (``bigdump.py`` layout); the pipeline
+merges them as its input plan decides (by default: the ranks of a step as tensor-parallel
+shards), and the memory ratio is then against the largest rank file. ``--sizes`` runs one such
+set per size and adds a ``scale`` line per pipeline stage: how its time and peak memory grow
+with the input (``make bench-ranks``: 8 ranks per side at 100, 200 and 400 MB per side).
+
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
 
 Per stage the bench prints the median wall time, the peak memory (the larger of the exact peak
 RSS of any one process of the stage, from ``wait4``, and the sampled sum of the RSS of all its
-processes), and the ratios of issue 6: pipeline time / baseline time (both files) and peak
-memory / size of the larger dump file. A stage that passes ``--stage-timeout`` (default:
+processes), and the ratios of issue 6: pipeline time / baseline time (all files) and peak
+memory / size of the largest dump file. A stage that passes ``--stage-timeout`` (default:
 ``--timeout-factor`` x its baseline) or ``--mem-limit-mb`` is stopped and reported as such.
 Progress goes to stderr, the table and the ``ratio`` lines to stdout. Generated files are
 removed at the end unless ``--keep``; a pair kept in ``--workdir`` by an earlier run with the
@@ -26,6 +32,7 @@ same parameters is reused.
     python3 tools/bench.py                      # ~1 GB per side, 80 layers, 3 repeats
     python3 tools/bench.py --quick              # ~50 MB per side, 1 repeat, small tensor pair
     python3 tools/bench.py --size-mb 200 --stages json,compare --profile --keep --workdir /tmp/b
+    python3 tools/bench.py --ranks 8 --sizes 100,200,400 --stages json,compare   # make bench-ranks
 """
 from __future__ import annotations
 
@@ -231,17 +238,16 @@ def run_stage(name: str, cmd: list[str], repeat: int, *, cwd=None, timeout=None,
 # --------------------------------------------------------------------------- generating
 
 
-def _params(args, layers: int) -> dict:
-    return {"size_mb": args.size_mb, "layers": layers, "steps": args.steps, "ranks": args.ranks,
+def _params(args, layers: int, size_mb: float) -> dict:
+    return {"size_mb": size_mb, "layers": layers, "steps": args.steps, "ranks": args.ranks,
             "faults": args.faults, "variants": args.variants, "seed": args.seed,
             "bigdump_mtime": BIGDUMP.stat().st_mtime}
 
 
-def make_statistics_pair(args, work: Path) -> tuple[dict, bool]:
-    """Generate (or reuse) the statistics pair; returns (bigdump summary, reused)."""
-    pair = work / "stats_pair"
+def make_statistics_pair(args, pair: Path, size_mb: float) -> tuple[dict, bool]:
+    """Generate (or reuse) the statistics pair in ``pair``; returns (bigdump summary, reused)."""
     manifest = pair / "manifest.json"
-    params = _params(args, args.layers)
+    params = _params(args, args.layers, size_mb)
     if manifest.is_file():
         try:
             old = json.loads(manifest.read_text())
@@ -253,7 +259,7 @@ def make_statistics_pair(args, work: Path) -> tuple[dict, bool]:
             return old["summary"], True
     if pair.exists():
         shutil.rmtree(pair)
-    cmd = [args.python, str(BIGDUMP), "--out", str(pair), "--size-mb", str(args.size_mb),
+    cmd = [args.python, str(BIGDUMP), "--out", str(pair), "--size-mb", str(size_mb),
            "--layers", str(args.layers), "--steps", str(args.steps), "--ranks", str(args.ranks),
            "--variants", str(args.variants), "--seed", str(args.seed)]
     for f in args.faults:
@@ -414,6 +420,180 @@ def print_profile(prof: Path, top: int) -> None:
         print("\n".join(body))
 
 
+def run_statistics(args, work: Path, size_mb: float, stages: set, mem_limit: int, created: list,
+                   results: dict, rows: list, ratio_lines: list, info_lines: list) -> None:
+    """Generate (or reuse) one statistics set and run its stages; appends to the report lists."""
+    py = args.python
+    single = len(args.sizes) == 1
+    pair = work / ("stats_pair" if single else f"stats_pair_{size_mb:g}mb")
+    # A set other than one file per side is named in every line it adds.
+    tag = "" if single and args.ranks * args.steps == 1 else \
+        f" [{args.steps * args.ranks} file(s) x {size_mb:g} MB per side]"
+    summary, reused = make_statistics_pair(args, pair, size_mb)
+    if not reused:
+        created.append(pair)
+    files = [Path(f["path"]) for f in summary["files"]]
+    sizes = {str(f["path"]): f["bytes"] for f in summary["files"]}
+    larger = summary["largest_file_bytes"]
+    per_side = len(files) // 2
+    what = "larger file" if per_side == 1 else "largest rank file"
+    info_lines.append(
+        f"statistics pair{tag}: {len(files)} dump.json ({args.steps} step(s) x {args.ranks} rank(s) "
+        f"per side), train {_mb(summary['side_bytes']['train'])} MB, rollout {_mb(summary['side_bytes']['rollout'])} MB, {what} {_mb(larger)} MB, "
+        f"{summary['calls']} calls x {summary['entries_per_call']['train']}/"
+        f"{summary['entries_per_call']['rollout']} entries (train/rollout), "
+        f"{args.layers} layers, faults: {', '.join(args.faults) or 'none'}")
+    base_time = base_cpu = None
+    if "json" in stages:
+        per_file = []
+        for f in files:
+            side = "train" if f"{os.sep}train{os.sep}" in str(f) else "rollout"
+            rel = f.relative_to(pair)
+            st = run_stage(f"json.load {rel}{tag}", [py, "-c", JSON_LOAD, str(f)], args.repeat,
+                           mem_limit=mem_limit)
+            st.note = side
+            per_file.append(st)
+            if per_side <= 2:  # more files are summed up in the row below only
+                rows.append(stage_row(st, None, sizes[str(f)]))
+            results["stages"][st.name] = _stage_json(st)
+        if all(s.median is not None for s in per_file):
+            base_time = sum(s.median for s in per_file)
+            peak = max(s.peak for s in per_file)
+            cpu = base_cpu = sum(s.cpu_median for s in per_file)
+            rows.append((f"json.load all files (sum of medians){tag}", "-", _fmt_s(base_time),
+                         "-", "-", _fmt_s(cpu), f"{peak / MB:.0f}", "1.00x",
+                         _fmt_ratio(peak / larger), "baseline"))
+            results["json_load_total_s" + tag] = base_time
+    if "orjson" in stages:
+        chk = subprocess.run([py, "-c", "import orjson"], capture_output=True)
+        if chk.returncode != 0:
+            st = Stage("orjson.loads (each file)", skipped="not installed")
+            rows.append(stage_row(st))
+            info_lines.append("orjson: not installed for " + py
+                              + " (it would reject the NaN/Infinity tokens anyway)")
+        else:
+            for f in files:
+                rel = f.relative_to(pair)
+                st = run_stage(f"orjson.loads {rel}", [py, "-c", ORJSON_LOAD, str(f)], 1,
+                               mem_limit=mem_limit)
+                rows.append(stage_row(st, None, sizes[str(f)]))
+                results["stages"][st.name] = _stage_json(st)
+                info_lines.append(f"orjson on {rel}: "
+                                  + ("parsed" if st.failed is None else
+                                     "rejected the file: " + st.status()))
+    timeout = args.stage_timeout
+    if timeout is None:
+        timeout = max(120.0, args.timeout_factor * (base_time or 0.0))
+    extra = list(args.pipeline_arg)
+    train, rollout = summary["train"], summary["rollout"]
+    out_cmp = work / ("out_compare" if single else f"out_compare_{size_mb:g}mb")
+    out_full = work / ("out_rootcause" if single else f"out_rootcause_{size_mb:g}mb")
+    created += [out_cmp, out_full]
+    compare_ok = False
+    pipeline = {}
+    if "compare" in stages or "triage" in stages:
+        cmd = [py, str(COMPARE), "--train", train, "--rollout", rollout,
+               "--out-dir", str(out_cmp), "--quiet", *extra]
+        st = run_stage("compare (run_compare.py)" + tag, cmd,
+                       args.repeat if "compare" in stages else 1,
+                       timeout=timeout, mem_limit=mem_limit)
+        compare_ok = st.failed is None
+        pipeline["compare"] = st
+        rows.append(stage_row(st, base_time, larger))
+        results["stages"][st.name] = _stage_json(st)
+    if "triage" in stages:
+        if compare_ok:
+            cmd = [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
+                   "--out-dir", str(out_cmp), "--reuse-outputs", "--quiet", *extra]
+            st = run_stage("root cause --reuse-outputs (triage)" + tag, cmd, args.repeat,
+                           timeout=timeout, mem_limit=mem_limit)
+        else:
+            st = Stage("root cause --reuse-outputs (triage)" + tag,
+                       skipped="skipped: no compare outputs")
+        pipeline["triage"] = st
+        rows.append(stage_row(st, base_time, larger))
+        results["stages"][st.name] = _stage_json(st)
+        if compare_ok:
+            info_lines.append(f"verdict (triage on the compare outputs): {_verdict(out_cmp)}")
+    if "rootcause" in stages:
+        cmd = [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
+               "--out-dir", str(out_full), "--quiet", *extra]
+        st = run_stage("root cause full (compare + triage)" + tag, cmd, args.repeat,
+                       timeout=timeout, mem_limit=mem_limit)
+        pipeline["rootcause"] = st
+        rows.append(stage_row(st, base_time, larger))
+        results["stages"][st.name] = _stage_json(st)
+        if st.failed is None:
+            info_lines.append(f"verdict (full run): {_verdict(out_full)}")
+    if pipeline:
+        info_lines.append(f"pipeline stage timeout: {timeout:.0f} s, memory limit "
+                          f"{mem_limit / MB:.0f} MB")
+    for key, label in (("compare", "compare"),
+                       ("triage", "root cause triage (--reuse-outputs)"),
+                       ("rootcause", "end to end (compare + root cause)")):
+        st = pipeline.get(key)
+        if st is None:
+            continue
+        r = _ratio_parts(st, base_time, base_cpu)
+        ratio_lines.append(
+            f"ratio statistics {label}{tag}: time / json.load({'both' if per_side == 1 else 'all'} files) = "
+            f"{r['time']} (target <= 1.5x), cpu time ratio {r['cpu']}; peak memory / {what} = "
+            f"{_fmt_ratio(_ratio(st.peak, larger))} (target <= 1.5x); "
+            f"median {_fmt_s(st.median)} s, peak {r['peak_mb']} MB{r['tag']}")
+        results.setdefault("sets", []).append(
+            {"stage": key, "size_mb": size_mb, "files": len(files), "side_bytes": summary["side_bytes"],
+             "largest_file_bytes": larger, "json_load_s": base_time, "median_s": st.median,
+             "peak_bytes": st.peak})
+    results["ratio_lines"] = list(ratio_lines)
+
+    if args.profile:
+        prof = work / ("compare.prof" if single else f"compare_{size_mb:g}mb.prof")
+        created.append(prof)
+        out_prof = work / "out_profile"
+        created.append(out_prof)
+        cmd = [py, "-c", PROFILE, str(prof), str(COMPARE), "--train", train,
+               "--rollout", rollout, "--out-dir", str(out_prof), "--quiet", *extra]
+        log("profiling run_compare.py under cProfile")
+        r = run_measured(cmd, timeout=timeout, mem_limit=mem_limit, grace=120.0)
+        log(f"profile run: {r.wall:.1f} s" + (f" ({r.stopped}, partial profile)"
+                                               if r.stopped else ""))
+        results["profile"] = {"wall": r.wall, "stopped": r.stopped, "rc": r.rc}
+        if prof.is_file():
+            results["profile_file"] = str(prof)
+            args._profile_path = prof
+            args._profile_note = (f"profiled run: {r.wall:.1f} s wall"
+                                  + (f", stopped by {r.stopped}: partial profile"
+                                     if r.stopped else ""))
+        else:
+            info_lines.append("profile: no profile written "
+                              f"(rc={r.rc}, {r.stopped or 'exited'})")
+
+
+def scale_lines(sets: list[dict]) -> list[str]:
+    """Per pipeline stage, how its time and peak memory grow over the statistics sets, against
+    the growth of the input (the sum of both sides' bytes) from the smallest set."""
+    lines = []
+    for key in dict.fromkeys(s["stage"] for s in sets):
+        runs = sorted((s for s in sets if s["stage"] == key),
+                      key=lambda s: sum(s["side_bytes"].values()))
+        if len(runs) < 2:
+            continue
+        first = runs[0]
+
+        def grow(s, k):
+            return "-" if s[k] is None or not first[k] else f"x{s[k] / first[k]:.2f}"
+        cells = []
+        for s in runs:
+            size = sum(s["side_bytes"].values()) / sum(first["side_bytes"].values())
+            peak = "-" if s["peak_bytes"] is None else \
+                f"{s['peak_bytes'] / MB:.0f} MB ({grow(s, 'peak_bytes')}), " \
+                f"{s['peak_bytes'] / s['largest_file_bytes']:.2f}x the largest file"
+            cells.append(f"{s['size_mb']:g} MB/side (input x{size:.2f}): {_fmt_s(s['median_s'])} s "
+                         f"({grow(s, 'median_s')}), peak {peak}")
+        lines.append(f"scale statistics {key} ({first['files']} files per set): " + "; ".join(cells))
+    return lines
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -423,9 +603,13 @@ def main(argv=None) -> int:
                     "against json.load and np.load baselines (issue 6).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Stages: " + ", ".join(STAGES) + ". Ratios: pipeline median time / baseline "
-               "median time of both files; peak memory / size of the larger dump.json.")
+               "median time of all files; peak memory / size of the largest dump.json.")
     ap.add_argument("--size-mb", type=float, default=None,
                     help="statistics dump size per side in MB (default 1024; 50 with --quick)")
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated sizes per side in MB: one statistics set per size, "
+                         "with a line showing how time and memory grow (overrides --size-mb); "
+                         "make bench-ranks uses --ranks 8 --sizes 100,200,400")
     ap.add_argument("--layers", type=int, default=80, help="decoder layers (default 80)")
     ap.add_argument("--steps", type=int, default=1, help="step folders per side (default 1)")
     ap.add_argument("--ranks", type=int, default=1, help="rank folders per step (default 1)")
@@ -486,8 +670,13 @@ def main(argv=None) -> int:
     unknown = stages - set(STAGES)
     if unknown:
         ap.error(f"unknown stage(s): {', '.join(sorted(unknown))}")
-    if args.repeat < 1 or args.layers < 1 or args.size_mb <= 0:
-        ap.error("--repeat, --layers and --size-mb must be positive")
+    try:
+        args.sizes = [float(x) for x in args.sizes.split(",") if x.strip()] if args.sizes else [args.size_mb]
+    except ValueError:
+        ap.error(f"--sizes: not a comma-separated list of numbers: {args.sizes!r}")
+    if args.repeat < 1 or args.layers < 1 or not args.sizes or min(args.sizes) <= 0 \
+            or args.ranks < 1 or args.steps < 1:
+        ap.error("--repeat, --layers, --ranks, --steps and the sizes must be positive")
     faults = args.fault if args.fault is not None else ["auto"]
     faults = [f for f in faults if f.lower() != "none"]
     args.faults = [f"corrupt:rollout:gate:{args.layers // 2}" if f == "auto" else f for f in faults]
@@ -511,139 +700,13 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     try:
         # ---------------------------------------------------------------- statistics mode
-        stat_stages = stages & {"json", "orjson", "compare", "triage", "rootcause"}
-        if stat_stages:
-            summary, reused = make_statistics_pair(args, work)
-            if not reused:
-                created.append(work / "stats_pair")
-            files = [Path(f["path"]) for f in summary["files"]]
-            sizes = {str(f["path"]): f["bytes"] for f in summary["files"]}
-            larger = summary["largest_file_bytes"]
-            info_lines.append(
-                f"statistics pair: {len(files)} dump.json, train {_mb(summary['side_bytes']['train'])} MB, "
-                f"rollout {_mb(summary['side_bytes']['rollout'])} MB, larger file {_mb(larger)} MB, "
-                f"{summary['calls']} calls x {summary['entries_per_call']['train']}/"
-                f"{summary['entries_per_call']['rollout']} entries (train/rollout), "
-                f"{args.layers} layers, faults: {', '.join(args.faults) or 'none'}")
-            base_time = base_cpu = None
-            if "json" in stages:
-                per_file = []
-                for f in files:
-                    side = "train" if f"{os.sep}train{os.sep}" in str(f) else "rollout"
-                    rel = f.relative_to(work / "stats_pair")
-                    st = run_stage(f"json.load {rel}", [py, "-c", JSON_LOAD, str(f)], args.repeat,
-                                   mem_limit=mem_limit)
-                    st.note = side
-                    per_file.append(st)
-                    rows.append(stage_row(st, None, sizes[str(f)]))
-                    results["stages"][st.name] = _stage_json(st)
-                if all(s.median is not None for s in per_file):
-                    base_time = sum(s.median for s in per_file)
-                    peak = max(s.peak for s in per_file)
-                    cpu = base_cpu = sum(s.cpu_median for s in per_file)
-                    rows.append(("json.load all files (sum of medians)", "-", _fmt_s(base_time),
-                                 "-", "-", _fmt_s(cpu), f"{peak / MB:.0f}", "1.00x",
-                                 _fmt_ratio(peak / larger), "baseline"))
-                    results["json_load_total_s"] = base_time
-            if "orjson" in stages:
-                chk = subprocess.run([py, "-c", "import orjson"], capture_output=True)
-                if chk.returncode != 0:
-                    st = Stage("orjson.loads (each file)", skipped="not installed")
-                    rows.append(stage_row(st))
-                    info_lines.append("orjson: not installed for " + py
-                                      + " (it would reject the NaN/Infinity tokens anyway)")
-                else:
-                    for f in files:
-                        rel = f.relative_to(work / "stats_pair")
-                        st = run_stage(f"orjson.loads {rel}", [py, "-c", ORJSON_LOAD, str(f)], 1,
-                                       mem_limit=mem_limit)
-                        rows.append(stage_row(st, None, sizes[str(f)]))
-                        results["stages"][st.name] = _stage_json(st)
-                        info_lines.append(f"orjson on {rel}: "
-                                          + ("parsed" if st.failed is None else
-                                             "rejected the file: " + st.status()))
-            timeout = args.stage_timeout
-            if timeout is None:
-                timeout = max(120.0, args.timeout_factor * (base_time or 0.0))
-            extra = list(args.pipeline_arg)
-            train, rollout = summary["train"], summary["rollout"]
-            out_cmp = work / "out_compare"
-            out_full = work / "out_rootcause"
-            created += [out_cmp, out_full]
-            compare_ok = False
-            pipeline = {}
-            if "compare" in stages or "triage" in stages:
-                cmd = [py, str(COMPARE), "--train", train, "--rollout", rollout,
-                       "--out-dir", str(out_cmp), "--quiet", *extra]
-                st = run_stage("compare (run_compare.py)", cmd,
-                               args.repeat if "compare" in stages else 1,
-                               timeout=timeout, mem_limit=mem_limit)
-                compare_ok = st.failed is None
-                pipeline["compare"] = st
-                rows.append(stage_row(st, base_time, larger))
-                results["stages"][st.name] = _stage_json(st)
-            if "triage" in stages:
-                if compare_ok:
-                    cmd = [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
-                           "--out-dir", str(out_cmp), "--reuse-outputs", "--quiet", *extra]
-                    st = run_stage("root cause --reuse-outputs (triage)", cmd, args.repeat,
-                                   timeout=timeout, mem_limit=mem_limit)
-                else:
-                    st = Stage("root cause --reuse-outputs (triage)",
-                               skipped="skipped: no compare outputs")
-                pipeline["triage"] = st
-                rows.append(stage_row(st, base_time, larger))
-                results["stages"][st.name] = _stage_json(st)
-                if compare_ok:
-                    info_lines.append(f"verdict (triage on the compare outputs): {_verdict(out_cmp)}")
-            if "rootcause" in stages:
-                cmd = [py, str(ROOTCAUSE), "--train", train, "--rollout", rollout,
-                       "--out-dir", str(out_full), "--quiet", *extra]
-                st = run_stage("root cause full (compare + triage)", cmd, args.repeat,
-                               timeout=timeout, mem_limit=mem_limit)
-                pipeline["rootcause"] = st
-                rows.append(stage_row(st, base_time, larger))
-                results["stages"][st.name] = _stage_json(st)
-                if st.failed is None:
-                    info_lines.append(f"verdict (full run): {_verdict(out_full)}")
-            if pipeline:
-                info_lines.append(f"pipeline stage timeout: {timeout:.0f} s, memory limit "
-                                  f"{mem_limit / MB:.0f} MB")
-            for key, label in (("compare", "compare"),
-                               ("triage", "root cause triage (--reuse-outputs)"),
-                               ("rootcause", "end to end (compare + root cause)")):
-                st = pipeline.get(key)
-                if st is None:
-                    continue
-                r = _ratio_parts(st, base_time, base_cpu)
-                ratio_lines.append(
-                    f"ratio statistics {label}: time / json.load(both files) = {r['time']} (target <= 1.5x), "
-                    f"cpu time ratio {r['cpu']}; peak memory / larger file = "
-                    f"{_fmt_ratio(_ratio(st.peak, larger))} (target <= 2x); "
-                    f"median {_fmt_s(st.median)} s, peak {r['peak_mb']} MB{r['tag']}")
-            results["ratio_lines"] = list(ratio_lines)
-
-            if args.profile:
-                prof = work / "compare.prof"
-                created.append(prof)
-                out_prof = work / "out_profile"
-                created.append(out_prof)
-                cmd = [py, "-c", PROFILE, str(prof), str(COMPARE), "--train", train,
-                       "--rollout", rollout, "--out-dir", str(out_prof), "--quiet", *extra]
-                log("profiling run_compare.py under cProfile")
-                r = run_measured(cmd, timeout=timeout, mem_limit=mem_limit, grace=120.0)
-                log(f"profile run: {r.wall:.1f} s" + (f" ({r.stopped}, partial profile)"
-                                                       if r.stopped else ""))
-                results["profile"] = {"wall": r.wall, "stopped": r.stopped, "rc": r.rc}
-                if prof.is_file():
-                    results["profile_file"] = str(prof)
-                    args._profile_path = prof
-                    args._profile_note = (f"profiled run: {r.wall:.1f} s wall"
-                                          + (f", stopped by {r.stopped}: partial profile"
-                                             if r.stopped else ""))
-                else:
-                    info_lines.append("profile: no profile written "
-                                      f"(rc={r.rc}, {r.stopped or 'exited'})")
+        if stages & {"json", "orjson", "compare", "triage", "rootcause"}:
+            for size_mb in args.sizes:
+                run_statistics(args, work, size_mb, stages, mem_limit, created, results, rows,
+                               ratio_lines, info_lines)
+            if len(args.sizes) > 1:
+                ratio_lines += scale_lines(results.get("sets", []))
+                results["ratio_lines"] = list(ratio_lines)
 
         # ---------------------------------------------------------------- tensor mode
         if "tensor" in stages:
