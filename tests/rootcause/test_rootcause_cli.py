@@ -346,3 +346,19 @@ def test_jobs_below_one_is_a_usage_error(jobs, capsys):
     with pytest.raises(SystemExit) as exc:
         rcli.build_parser().parse_args(["--train", "T", "--rollout", "R", "--out-dir", "O", "--jobs", jobs])
     assert exc.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    """`... | head -1`: both scripts exit 0 and print no traceback when stdout closes early."""
+    import subprocess
+    import sys
+    pair = Path(__file__).resolve().parents[1] / "data" / "real" / "llama_tp1_fp32_stale_rollout"
+    repo = Path(__file__).resolve().parents[2]
+    for i, script in enumerate((repo / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py",
+                                repo / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py")):
+        proc = subprocess.Popen([sys.executable, str(script), "--train", str(pair / "train"), "--rollout",
+                                 str(pair / "rollout"), "--out-dir", str(tmp_path / f"o{i}")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()          # the reader is gone before the summary is printed
+        err = proc.stderr.read().decode()
+        assert proc.wait() == 0 and "Traceback" not in err, err

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from dataclasses import replace
@@ -154,7 +155,12 @@ def run(args: argparse.Namespace) -> dict:
     remove_stale(out, COMPARE_OUTPUTS)
     say("done")
     if not args.quiet:
-        _summary(doc2["summary"], doc4, sources, mode, out)
+        try:
+            _summary(doc2["summary"], doc4, sources, mode, out)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # A reader that stopped early (`| head`): the outputs are written; say nothing more.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return doc4
 
 
@@ -262,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; DUMPCOMPARE_DEBUG=1 for the traceback
-        import os
         if os.environ.get("DUMPCOMPARE_DEBUG"):
             raise
         print(f"internal error: {type(exc).__name__}: {visible(' '.join(str(exc).split()))} "

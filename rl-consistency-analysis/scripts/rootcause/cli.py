@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -104,14 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback
-        import os
         if os.environ.get("ROOTCAUSE_DEBUG"):
             raise
         print(f"internal error: {type(exc).__name__}: {safe.visible(' '.join(str(exc).split()))} "
               f"(set ROOTCAUSE_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(report.summary(doc, out, safe.visible))
+        try:
+            print(report.summary(doc, out, safe.visible), flush=True)
+        except BrokenPipeError:
+            # A reader that stopped early (`| head`): the outputs are written; say nothing more.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.fail_on_finding and doc["verdict"] != "no_credible_divergence":
         return 1
     return 0
