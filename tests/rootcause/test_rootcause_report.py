@@ -14,7 +14,8 @@ from synth import faults as F
 TOP_KEYS = {"schema_version", "verdict", "root_causes", "suppressed", "first_divergence", "other_candidates",
             "precision", "notes", "partial", "comparability", "mode", "inputs", "summary"}
 CAUSE_KEYS = {"rank", "category", "side", "side_reason", "train_module", "rollout_module", "layer", "role",
-              "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses", "next_checks"}
+              "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses", "next_checks",
+              "rules_fired"}
 CATEGORIES = {"structural_false_positive", "missing_or_extra_op_between_aligned_boundary",
               "parameter_or_checkpoint_issue", "in_module_impl_difference", "upstream_propagation"}
 VERDICTS = {"root_cause_found", "precision_only", "no_credible_divergence", "inconclusive"}
@@ -191,3 +192,27 @@ def test_credence_scale_is_defined_once_for_both_skills():
     assert sorted((d["word"], d["low"], d["high"]) for d in doc) == sorted(mc.CREDENCE_SCALE)
     for module in (credence, mc):
         assert "highly unlikely" not in Path(module.__file__).read_text(encoding="utf-8"), module.__file__
+
+
+# Expected first rule per synthetic case, from the category each fault should get (analysis_rules.md).
+FIRST_RULE = {"corrupt": "parameters_differ", "corrupt_down": "parameters_differ", "permute": "parameters_differ",
+              "no_act": "extra_op_between", "extra_op": "extra_op_between"}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rules_fired_name_table_rows_and_give_the_confidence(analyze, case):
+    """Every finding lists the rows of rootcause/rules.py that fired; its confidence is the first
+    row's base score plus the adjustments listed after it."""
+    from rootcause import rules
+    rows = {r.id: r for r in rules.RULES + (rules.PROPAGATION, rules.PROPAGATION_EXAMPLE)}
+    deltas = {a.id: a.delta for a in rules.ADJUSTMENTS}
+    doc = analyze(**CASES[case]).doc
+    for f in doc["root_causes"] + doc["other_candidates"]:
+        fired = f["rules_fired"]
+        assert fired[0] in rows, fired
+        assert set(fired[1:]) <= set(deltas) | {rules.PROPAGATION.id}, fired
+        assert rows[fired[0]].category == f["category"] or rules.PROPAGATION.id in fired
+        expected = rows[fired[0]].base + sum(deltas.get(x, 0.0) for x in fired[1:])
+        assert f["confidence"] == pytest.approx(min(0.99, max(0.01, expected)), abs=0.006), fired
+    if case in FIRST_RULE:
+        assert doc["root_causes"][0]["rules_fired"][0] == FIRST_RULE[case]

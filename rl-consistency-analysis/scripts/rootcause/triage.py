@@ -6,8 +6,9 @@ implements one of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from . import credence, hypotheses
+from . import credence, hypotheses, rules
 from .evidence import Evidence
 
 DIVERGED = ("mismatch", "nonfinite")
@@ -170,88 +171,204 @@ def _one_sided_view(o: dict) -> dict:
             "point_status": o.get("point_status", {})}
 
 
-def classify(ev: Evidence, m: dict) -> dict:
-    """Rules 3-4: inspect the boundary of one suspect and decide its category and side."""
-    prev = previous_aligned(ev, m)
+class Suspect:
+    """The facts of one candidate pair that the rules in rules.py read (computed once, lazily)."""
+
+    def __init__(self, ev: Evidence, m: dict):
+        self.ev, self.m = ev, m
+        self.rule: str | None = None       # id of the category rule that classified it
+
+    @cached_property
+    def prev(self) -> dict | None:
+        return previous_aligned(self.ev, self.m)
+
+    @cached_property
+    def permuted(self) -> bool:
+        return _permuted_parts(self.ev, self.m)
+
+    @property
+    def parameters_differ(self) -> bool:
+        return self.m["status"] == "parameter_mismatch" or self.permuted
+
+    @property
+    def precision_origin(self) -> bool:
+        return bool(self.m["dtype_boundary"]) and self.m["status"] == "origin"
+
+    @cached_property
+    def op_before_observer(self) -> dict | None:
+        return _op_before_observer(self.ev, self.m, self.prev)
+
+    @property
+    def origin(self) -> bool:
+        return self.m["status"] == "origin" and not self.m["is_container"]
+
+    @cached_property
+    def start(self) -> dict | None:
+        """The aligned boundary the window between starts after."""
+        if self.m["is_container"]:
+            first = _children_span(self.ev, self.m)
+            return previous_aligned(self.ev, first) if first else self.prev
+        return self.prev
+
+    @cached_property
+    def between(self) -> list[dict]:
+        return one_sided_between(self.ev, self.start, self.m)
+
+    @cached_property
+    def op_between(self) -> dict | None:
+        return _pick_op(self.between)
+
+    @cached_property
+    def container(self) -> dict | None:
+        return self.m if self.m["is_container"] else enclosing_container(self.ev, self.m)
+
+    @property
+    def fused_realigns(self) -> bool:
+        m = self.m
+        return (m["kind"] in FUSED_KINDS and m["status"] != "parameter_mismatch" and not self.permuted
+                and self.realigns and not m["dtype_boundary"])
+
+    @property
+    def outputs_structural(self) -> bool:
+        outs = _results(self.ev, self.m, "out")
+        return bool(outs) and all(r["status"] == "structural" for r in outs)
+
+    @property
+    def inputs_diverged(self) -> bool:
+        return self.m["input_status"] in DIVERGED
+
+    @property
+    def inputs_clean_or_none(self) -> bool:
+        return self.m["input_status"] in CLEAN + ("none",)
+
+    @property
+    def inputs_inferred(self) -> bool:
+        return self.m["input_status_source"] != "compared"
+
+    @cached_property
+    def realigns(self) -> bool:
+        return realigns(self.ev, self.m)
+
+    @property
+    def fused(self) -> bool:
+        return self.m["kind"] in FUSED_KINDS or self.permuted or _multiset_equal(self.ev, self.m)
+
+    @property
+    def activation_like_op(self) -> bool:
+        op = self.op_before_observer or self.op_between
+        return bool(op and op["activation_like"])
+
+    @cached_property
+    def margin(self) -> float | None:
+        return max((p["margin"] for p in self.m["points"]["out"]
+                    if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)), default=None)
+
+    @property
+    def small_margin(self) -> bool:
+        return self.margin is not None and self.margin < 2 and self.rule != "precision_boundary"
+
+    @property
+    def internal_only(self) -> bool:
+        return reaches_output(self.ev) is False and self.m["role"] not in ("lm_head", "logits", "final_norm")
+
+
+def classify(s: Suspect) -> dict:
+    """Inspect the boundary of one suspect; the first matching row of rules.RULES decides its
+    category, and the decision for that row fills in side and evidence."""
+    ev, m = s.ev, s.m
+    rule = rules.first_rule(s)
+    s.rule = rule.id
     ev_info = {
         "pair": m["pid"], "status": m["status"], "rank_reason": m["rank_reason"],
         "module_priority_rank": m["module_priority_rank"],
         "input_status": m["input_status"], "input_status_source": m["input_status_source"],
         "parameter_status": m["parameter_status"], "output_status": m["output_status"],
-        "amplification": m["amplification"], "previous_aligned": _mini(prev),
+        "amplification": m["amplification"], "previous_aligned": _mini(s.prev),
         "differing_points": [p["point"] for io in ("in", "param", "out") for p in m["points"][io]
                              if p["status"] in DIVERGED],
         "differing_parameters": [p["point"] for p in m["points"]["param"] if p["status"] in DIVERGED],
-        "output_error_margin": max((p["margin"] for p in m["points"]["out"]
-                                    if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)),
-                                   default=None),
+        "output_error_margin": s.margin,
         "diverged_calls": _diverged_calls(ev, m),
     }
-    f = {"category": None, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
+    f = {"category": rule.category, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
          "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],
-         "evidence": ev_info}
-    if m["status"] == "parameter_mismatch" or _permuted_parts(ev, m):
-        f["category"] = "parameter_or_checkpoint_issue"
-        permuted = _permuted_parts(ev, m) or _multiset_equal(ev, m)
-        ev_info["permuted_fused_rows"] = permuted
-        side = _fused_side(m) if permuted else None
-        if side:
-            f["side"] = side
-            f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
-                                f"order; the unfused parts on the other side are consistent with each other")
-        else:
-            f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
-                                "each with the checkpoint to decide")
-        return f
-    if m["dtype_boundary"] and m["status"] == "origin":
-        f["category"] = "in_module_impl_difference"
-        side = _lower_precision_side(ev, m)
-        ev_info["precision_boundary"] = f"{side} side in lower precision" if side else "dtypes differ"
-        f["side"] = side or "undetermined"
-        f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
-                            "module agreed" if side else "dtypes differ but neither is clearly lower")
-        return f
-    op = _op_before_observer(ev, m, prev)
-    if op is not None:
-        return _missing_or_extra(f, ev_info, op, m)
-    if m["status"] == "origin" and not m["is_container"]:
-        f["category"] = "in_module_impl_difference"
-        if m["parameter_status"] in ("unknown", "structural"):
-            ev_info["parameters_uncompared"] = True
-            f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
-                                "them), so a weight difference is as possible as an implementation difference")
-        else:
-            f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference "
-                                "is in how it computes: compare its configuration on both sides to decide")
-        if m["input_status_source"] != "compared":
-            ev_info["inputs_inferred"] = True
-        return f
-    # A container origin or an input divergence behind a clean aligned boundary: look between.
-    if m["is_container"]:
-        start = _children_span(ev, m)
-        start = previous_aligned(ev, start) if start else prev
-        region = m
+         "evidence": ev_info, "rules_fired": [rule.id]}
+    _DECIDE[rule.id](s, f, ev_info)
+    return f
+
+
+def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> None:
+    permuted = s.permuted or _multiset_equal(s.ev, s.m)
+    ev_info["permuted_fused_rows"] = permuted
+    side = _fused_side(s.m) if permuted else None
+    if side:
+        f["side"] = side
+        f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
+                            f"order; the unfused parts on the other side are consistent with each other")
     else:
-        start, region = prev, m
-    between = one_sided_between(ev, start, region)
-    ev_info["boundary"] = _mini(start)
-    ev_info["one_sided_between"] = [_one_sided_view(o) for o in between]
-    op = _pick_op(between)
-    if op is not None:
-        return _missing_or_extra(f, ev_info, op, m)
-    container = m if m["is_container"] else enclosing_container(ev, m)
-    f["category"] = "in_module_impl_difference"
+        f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
+                            "each with the checkpoint to decide")
+
+
+def _decide_precision(s: Suspect, f: dict, ev_info: dict) -> None:
+    side = _lower_precision_side(s.ev, s.m)
+    ev_info["precision_boundary"] = f"{side} side in lower precision" if side else "dtypes differ"
+    f["side"] = side or "undetermined"
+    f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
+                        "module agreed" if side else "dtypes differ but neither is clearly lower")
+
+
+def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> None:
+    if s.m["parameter_status"] in ("unknown", "structural"):
+        ev_info["parameters_uncompared"] = True
+        f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
+                            "them), so a weight difference is as possible as an implementation difference")
+    else:
+        f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference "
+                            "is in how it computes: compare its configuration on both sides to decide")
+    if s.inputs_inferred:
+        ev_info["inputs_inferred"] = True
+
+
+def _decide_op_before_observer(s: Suspect, f: dict, ev_info: dict) -> None:
+    _missing_or_extra(f, ev_info, s.op_before_observer, s.m)
+
+
+def _window(s: Suspect, ev_info: dict) -> None:
+    ev_info["boundary"] = _mini(s.start)
+    ev_info["one_sided_between"] = [_one_sided_view(o) for o in s.between]
+
+
+def _decide_op_between(s: Suspect, f: dict, ev_info: dict) -> None:
+    _window(s, ev_info)
+    _missing_or_extra(f, ev_info, s.op_between, s.m)
+
+
+def _decide_between(s: Suspect, f: dict, ev_info: dict) -> None:
+    """Inputs break behind a clean boundary with nothing unexpected between: the enclosing module."""
+    _window(s, ev_info)
+    container, m = s.container, s.m
     if container is not None and container is not m:
         f["train_module"] = _path_names(container["train_modules"])
         f["rollout_module"] = _path_names(container["rollout_modules"])
         f["role"] = container["role"]
         ev_info["suspect_pair"] = _mini(m)
         ev_info["container_pair"] = container["pid"]
-    expected = [o["module"] for o in between if o["expected"]]
+    expected = [o["module"] for o in s.between if o["expected"]]
     f["side_reason"] = ("the difference arises between aligned modules, inside computation both sides do "
                         + (f"(one-sided by design: {', '.join(expected)})" if expected else "inline")
                         + "; compare its configuration on both sides to decide")
-    return f
+
+
+_DECIDE = {
+    "parameters_differ": _decide_parameters,
+    "precision_boundary": _decide_precision,
+    "extra_op_before_observer": _decide_op_before_observer,
+    "origin_in_module": _decide_origin,
+    "extra_op_between": _decide_op_between,
+    "impl_in_container": _decide_between,
+    "impl_inline": _decide_between,
+}
 
 
 def _pick_op(between: list[dict]) -> dict | None:
@@ -287,49 +404,25 @@ def _missing_or_extra(f: dict, ev_info: dict, op: dict, m: dict) -> dict:
     return f
 
 
-def confidence(ev: Evidence, f: dict, m: dict) -> tuple[float, list[str]]:
-    """Rule 5: a number in [0, 1] with the reasons that moved it."""
-    e, why = f["evidence"], []
-    cat = f["category"]
-    if cat == "parameter_or_checkpoint_issue":
-        c = 0.9 if m["input_status"] in CLEAN or m["input_status"] == "none" else 0.75
-    elif cat == "missing_or_extra_op_between_aligned_boundary":
-        c = 0.9 if e.get("activation_like_clue") else 0.75
-    elif e.get("precision_boundary"):
-        c = 0.7
-    elif e.get("inputs_inferred"):
-        c = 0.5
-    elif e.get("container_pair") or m["is_container"]:
-        c = 0.65
-    else:
-        c = 0.8
-    margin = e.get("output_error_margin")
-    if margin is not None and margin < 2 and not e.get("precision_boundary"):
-        c -= 0.15
-        why.append("output differs only slightly beyond tolerance")
-    reach = reaches_output(ev)
-    if reach is False and m["role"] not in ("lm_head", "logits", "final_norm"):
-        c -= 0.2
-        why.append("the divergence does not reach the model output (internal mismatch only)")
-    if realigns(ev, m):
-        if m["kind"] in FUSED_KINDS or e.get("permuted_fused_rows"):
-            why.append("later modules realign, explained by the fused boundary")
-        else:
-            c -= 0.25
-            why.append("later neighbouring modules realign without a boundary explanation")
-    return credence.clamp(c), why
+def confidence(s: Suspect, f: dict) -> tuple[float, list[str]]:
+    """The base score of the rule that classified the suspect plus the adjustments that hold
+    (rules.ADJUSTMENTS); adds their ids to ``rules_fired`` and returns (score, notes)."""
+    adj = rules.adjustments(s)
+    f["rules_fired"] = f["rules_fired"] + [a.id for a in adj]
+    c = rules.by_id(s.rule).base + sum(a.delta for a in adj)
+    return credence.clamp(c), [a.note for a in adj]
 
 
-def screen(ev: Evidence, m: dict) -> str | None:
-    """Rule 2: a structural reason to drop a candidate, or None to keep it."""
-    if m["kind"] in FUSED_KINDS and m["status"] != "parameter_mismatch" and not _permuted_parts(ev, m) \
-            and realigns(ev, m) and not m["dtype_boundary"]:
-        return (f"{m['kind']} pair ({m['note'] or 'fused vs unfused'}): its mismatch vanishes in the next "
-                f"aligned modules, the signature of a layout difference rather than a fault")
-    outs = _results(ev, m, "out")
-    if outs and all(r["status"] == "structural" for r in outs):
-        return "; ".join(sorted({r.get("reason") or "structural" for r in outs}))
-    return None
+def screen(s: Suspect) -> tuple[str, str] | None:
+    """A structural reason to drop a candidate as (screen id, reason), or None to keep it."""
+    row = rules.first_screen(s)
+    if row is None:
+        return None
+    m = s.m
+    if row.id == "fused_mismatch_realigns":
+        return row.id, (f"{m['kind']} pair ({m['note'] or 'fused vs unfused'}): its mismatch vanishes in the next "
+                        f"aligned modules, the signature of a layout difference rather than a fault")
+    return row.id, "; ".join(sorted({r.get("reason") or "structural" for r in _results(s.ev, m, "out")}))
 
 
 def structural_records(ev: Evidence) -> list[dict]:
@@ -397,18 +490,19 @@ def run(ev: Evidence) -> Triage:
         return tri
     found: list[tuple[dict, dict]] = []
     for m in candidates(ev):
-        reason = screen(ev, m)
-        if reason:
+        s = Suspect(ev, m)
+        dropped = screen(s)
+        if dropped:
             tri.suppressed.append({"train_module": _path_names(m["train_modules"]),
                                    "rollout_module": _path_names(m["rollout_modules"]),
-                                   "values": "different", "reason": reason})
+                                   "values": "different", "reason": dropped[1], "rules_fired": [dropped[0]]})
             continue
-        f = classify(ev, m)
-        if found and m["input_status"] in DIVERGED and f["category"] != "parameter_or_checkpoint_issue":
-            # Behind an accepted root cause, diverged inputs are most simply its propagation.
-            f["category"] = "upstream_propagation"
+        f = classify(s)
+        if found and rules.PROPAGATION.condition(s) and f["category"] != "parameter_or_checkpoint_issue":
+            f["category"] = rules.PROPAGATION.category
             f["side"] = "both"
-        f["confidence"], f["confidence_notes"] = confidence(ev, f, m)
+            f["rules_fired"] = f["rules_fired"] + [rules.PROPAGATION.id]
+        f["confidence"], f["confidence_notes"] = confidence(s, f)
         f["confidence_word"] = credence.word(f["confidence"])
         f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
         if f["category"] == "upstream_propagation":
@@ -458,8 +552,9 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
             tri.other_candidates.append({
                 "category": "upstream_propagation", "side": "both",
                 "train_module": _path_names(x["train_modules"]), "rollout_module": _path_names(x["rollout_modules"]),
-                "layer": x["layer"], "role": x["role"], "confidence": 0.9,
-                "confidence_word": credence.word(0.9),
+                "layer": x["layer"], "role": x["role"], "confidence": rules.PROPAGATION_EXAMPLE.base,
+                "confidence_word": credence.word(rules.PROPAGATION_EXAMPLE.base),
+                "rules_fired": [rules.PROPAGATION_EXAMPLE.id],
                 "evidence": {"pair": x["pid"], "input_status": x["input_status"],
                              "parameter_status": x["parameter_status"], "output_status": x["output_status"],
                              "explained_by": f["evidence"]["pair"]}})
