@@ -23,13 +23,9 @@ _TWO_DUMPS = ("exit 2: folder holds 2 dumps (steps: 0; ranks: 0, 1); choose one 
               "--train-rank")
 _SP_TENSOR = (_TWO_DUMPS + "; with --train-rank all --rollout-rank all: root_cause_found, "
               "in_module_impl_difference at embedding.word_embeddings (its output is sequence-sharded)")
-_QKV = ("category missing_or_extra_op_between_aligned_boundary at decoder.layers.0.self_attention."
-        "q_layernorm (an IdentityOp placeholder blamed as an extra op), rollout module None")
 # case -> what the pipeline says today instead of the expected answer.
 XFAIL = {
     "megatron_tp2_sp_tensor_clean": _SP_TENSOR,
-    "megatron_tp1_qkv_plain_order": _QKV,
-    "megatron_tp1_tensor_qkv_plain_order": _QKV,
 }
 
 # Module path -> class name in megatron-core 0.16 (models/gpt/gpt_model.py, gpt_layer_specs.py

@@ -105,7 +105,8 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
     last: str | None = None
     diverged_earlier: set[str] = set()   # points an earlier pair already output diverged
     masked: set[str] = set()             # statistics that agree only after the inputs diverged
-    unexpected = {s: (sorted(o.rec for o in plan.one_sided if o.side == s and not o.expected),
+    unexpected = {s: (sorted(o.rec for o in plan.one_sided if o.side == s and not o.expected
+                                  and not o.pass_through),
                       {r.key: i for i, r in enumerate(recs)})
                   for s, recs in (("train", train), ("rollout", rollout))}
     for pair in plan.pairs:

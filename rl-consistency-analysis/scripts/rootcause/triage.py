@@ -74,9 +74,12 @@ def one_sided_between(ev: Evidence, start: dict | None, end: dict) -> list[dict]
     """Rule 3: train-only and rollout-only modules between an aligned boundary and the suspect."""
     lo = ev.pos[start["pid"]] if start else -1
     hi = ev.pos[end["pid"]]
+    # A non-container suspect's own children run after it received its inputs: they cannot
+    # explain inputs that already differ.
+    inside = () if end["is_container"] else tuple(x + "." for x in end["train_modules"] + end["rollout_modules"])
     out = []
     for o in ev.one_sided:
-        if o["layer"] != end["layer"] or o["role"] in ("wrapper", "model", "root"):
+        if o["layer"] != end["layer"] or o["role"] in ("wrapper", "model", "root") or o["module"].startswith(inside):
             continue
         b = ev.pos.get(o["before_pair"], -1) if o["before_pair"] else -1
         a = ev.pos.get(o["after_pair"], len(ev.modules)) if o["after_pair"] else len(ev.modules)
@@ -168,6 +171,7 @@ def _mini(m: dict | None) -> dict | None:
 def _one_sided_view(o: dict) -> dict:
     return {"side": o["side"], "module": o["module"], "class": o["class"], "expected": o["expected"],
             "activation_like": o["activation_like"], "reason": o["reason"],
+            "pass_through": _pass_through_words(o.get("pass_through")),
             "point_status": o.get("point_status", {})}
 
 
@@ -217,6 +221,20 @@ class Suspect:
     @cached_property
     def op_between(self) -> dict | None:
         return _pick_op(self.between)
+
+    @cached_property
+    def split_boundary(self) -> dict | None:
+        """The previous aligned pair's fused output (``a+b+c``) when it agrees while one of its
+        parts, as the modules after it receive it, differs: the split, not the product, differs."""
+        if self.prev is None or not self.inputs_diverged:
+            return None
+        diverged = {r["point"] for r in self.ev.compare.get("results", [])
+                    if r["status"] in DIVERGED and r.get("pair") is None}
+        for p in self.prev["points"]["out"]:
+            parts = p["point"].split("+")
+            if len(parts) > 1 and p["status"] in CLEAN and diverged & set(parts):
+                return {"point": p["point"], "cid": p.get("cid"), "diverged_parts": sorted(diverged & set(parts))}
+        return None
 
     @cached_property
     def container(self) -> dict | None:
@@ -272,6 +290,13 @@ class Suspect:
         return reaches_output(self.ev) is False and self.m["role"] not in ("lm_head", "logits", "final_norm")
 
 
+def _pass_through_words(how: str | None) -> str | None:
+    if how is None:
+        return None
+    return ("pass-through: output equals the input (checksums)" if how == "checksum" else
+            "pass-through (statistics only): output has the input's shape, dtype and statistics")
+
+
 def classify(s: Suspect) -> dict:
     """Inspect the boundary of one suspect; the first matching row of rules.RULES decides its
     category, and the decision for that row fills in side and evidence."""
@@ -297,14 +322,34 @@ def classify(s: Suspect) -> dict:
     return f
 
 
+def _layout_side(ev: Evidence, cid: str | None) -> tuple[str, str] | None:
+    """(side, layout) when the comparison ``cid`` read exactly one side in its own row layout
+    (output_2 ``train_layout``/``rollout_layout``, e.g. Megatron's per-group qkv)."""
+    plan = next((c for c in ev.mapping.get("comparisons", []) if c["cid"] == cid), {})
+    found = [(side, plan[f"{side}_layout"]) for side in ("train", "rollout") if plan.get(f"{side}_layout")]
+    return found[0] if len(found) == 1 else None
+
+
+def _layout_reason(side: str, layout: str, what: str) -> str:
+    return (f"the {side} side holds {what} in its own row layout ({layout}), the other side in the plain "
+            f"order a Hugging Face checkpoint holds; the {side} rows hold the same values in another order, "
+            f"which is what a conversion into the {side} layout that kept the plain order leaves")
+
+
 def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> None:
     permuted = s.permuted or _multiset_equal(s.ev, s.m)
     ev_info["permuted_fused_rows"] = permuted
     side = _fused_side(s.m) if permuted else None
+    layout = None if side or not permuted else next(
+        filter(None, (_layout_side(s.ev, p.get("cid")) for p in s.m["points"]["param"] if p["status"] in DIVERGED)),
+        None)
     if side:
         f["side"] = side
         f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
                             f"order; the unfused parts on the other side are consistent with each other")
+    elif layout:
+        f["side"] = layout[0]
+        f["side_reason"] = _layout_reason(*layout, "this weight")
     else:
         f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
                             "each with the checkpoint to decide")
@@ -360,7 +405,30 @@ def _decide_between(s: Suspect, f: dict, ev_info: dict) -> None:
                         + "; compare its configuration on both sides to decide")
 
 
+def _decide_split(s: Suspect, f: dict, ev_info: dict) -> None:
+    """A fused product agrees, its parts after the split do not: the row order of the fused weight
+    does not fit the split that side's code applies (references: "Fused split")."""
+    _window(s, ev_info)
+    prev, split = s.prev, s.split_boundary
+    f.update(train_module=_path_names(prev["train_modules"]), rollout_module=_path_names(prev["rollout_modules"]),
+             layer=prev["layer"], role=prev["role"])
+    ev_info["suspect_pair"] = _mini(s.m)
+    ev_info["split_boundary"] = split
+    layout = _layout_side(s.ev, split["cid"])
+    if layout:
+        f["side"] = layout[0]
+        side, name = layout
+        f["side_reason"] = (f"the {side} side splits {split['point']} in its own row layout ({name}), the other "
+                            f"side in the plain order a Hugging Face checkpoint holds; a {side} weight converted "
+                            f"without reordering its rows into that layout gives the wrong parts under the split "
+                            f"while the fused product still agrees")
+    else:
+        f["side_reason"] = ("the fused product agrees and its parts do not: one side's weight rows are in an "
+                            "order its split does not expect; compare each with the checkpoint to decide")
+
+
 _DECIDE = {
+    "fused_split_differs": _decide_split,
     "parameters_differ": _decide_parameters,
     "precision_boundary": _decide_precision,
     "extra_op_before_observer": _decide_op_before_observer,
@@ -372,8 +440,9 @@ _DECIDE = {
 
 
 def _pick_op(between: list[dict]) -> dict | None:
-    """The unexpected one-sided module to blame, activation-like ones first."""
-    unexplained = [o for o in between if not o["expected"]]
+    """The unexpected one-sided module to blame, activation-like ones first; a pass-through
+    module (its output is its input, rules.PASS_THROUGH) is never an op."""
+    unexplained = [o for o in between if not o["expected"] and not o.get("pass_through")]
     return sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0] if unexplained else None
 
 

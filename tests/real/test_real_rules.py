@@ -1,0 +1,102 @@
+"""The triage rules of issue 11 on real dump pairs (tests/data/real): each rule has a faulty pair
+that it decides and that goes wrong without it, and a clean pair where it applies and stays
+silent. Pairs are copies of corpus cases, some edited the way the rule's situation arises in a
+real run (a module that does compute, a dump that starts late, an inline op).
+
+Rules and their reasons: rl-consistency-analysis/references/analysis_rules.md.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from real.corpus_check import CORPUS, run_pair
+
+STATS = ("Max", "Min", "Mean", "Norm")
+
+
+def _copy(name, tmp_path):
+    dst = tmp_path / name
+    for side in ("train", "rollout"):
+        shutil.copytree(CORPUS / name / side, dst / side)
+    return dst
+
+
+def _dump(case_dir, side):
+    return case_dir / side / "step0" / "rank0" / "dump.json"
+
+
+def _edit(path, change):
+    """Rewrite a dump.json with ``change(data)`` applied to its ``data`` mapping."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    change(doc["data"])
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _scale(item, factor):
+    """A tensor summary whose values were multiplied by ``factor`` (a positive number)."""
+    out = dict(item)
+    for k in STATS:
+        if isinstance(out.get(k), (int, float)):
+            out[k] = out[k] * factor
+    return out
+
+
+def _top(doc):
+    assert doc is not None
+    return doc["root_causes"][0] if doc["root_causes"] else None
+
+
+def _one_sided(out_dir, module):
+    doc = json.loads((out_dir / "output_2_mapping.json").read_text(encoding="utf-8"))
+    return next(o for o in doc["one_sided"] if o["module"] == module)
+
+
+# --- rule 1: pass-through modules are not ops -------------------------------------------------
+
+_QL = "decoder.layers.0.self_attention.q_layernorm"
+
+
+@pytest.mark.parametrize("name, how", [("megatron_tp1_clean", "statistics"), ("megatron_tp1_md5_clean", "checksum")])
+def test_identity_placeholders_are_pass_through_on_a_clean_pair(name, how, tmp_path):
+    code, err, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path)
+    assert doc is not None, err
+    assert doc["verdict"] in ("no_credible_divergence", "precision_only")
+    for module in (_QL, "decoder.layers.0.self_attention.k_layernorm", "decoder.layers.1.pre_cross_attn_layernorm",
+                   "decoder.layers.0.self_attention.core_attention.attention_dropout"):
+        assert _one_sided(tmp_path, module)["pass_through"] == how, module
+    # a module that computes is never one
+    assert _one_sided(tmp_path, "decoder.layers.0.self_attention.core_attention.scale_mask_softmax")["pass_through"] is None
+
+
+def test_qkv_in_plain_order_blames_the_fused_weight_not_the_identity(tmp_path):
+    """Without rule 1 the IdentityOp q_layernorm between linear_qkv and core_attention is blamed
+    as an extra op (the answer before it); with it, the split of the fused product is."""
+    name = "megatron_tp1_qkv_plain_order"
+    code, err, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path)
+    rc = _top(doc)
+    assert (rc["category"], rc["side"], rc["train_module"], rc["rollout_module"]) == (
+        "parameter_or_checkpoint_issue", "train", "decoder.layers.0.self_attention.linear_qkv",
+        "model.layers.0.self_attn.qkv_proj")
+    assert rc["rules_fired"][0] == "fused_split_differs"
+    between = {o["module"]: o for o in rc["evidence"]["one_sided_between"]}
+    assert between[_QL]["pass_through"].startswith("pass-through (statistics only)")
+    assert set(rc["evidence"]["split_boundary"]["diverged_parts"]) == {"L0.q", "L0.k", "L0.v"}
+
+
+def test_a_placeholder_that_computes_is_blamed(tmp_path):
+    """The same faulty pair, with train's q_layernorm output no longer equal to its input (as if
+    qk-layernorm were on with a wrong weight): pass-through is read from values, not from the
+    class name, so the module is the extra op again."""
+    case = _copy("megatron_tp1_qkv_plain_order", tmp_path)
+
+    def computes(data):
+        key = next(k for k in data if f".{_QL}." in f".{k}")
+        data[key] = dict(data[key], output=[_scale(data[key]["output"][0], 1.01)])
+    _edit(_dump(case, "train"), computes)
+    code, err, doc = run_pair(case / "train", case / "rollout", tmp_path / "out")
+    rc = _top(doc)
+    assert (rc["category"], rc["side"], rc["train_module"]) == (
+        "missing_or_extra_op_between_aligned_boundary", "train", _QL)
+    assert _one_sided(tmp_path / "out", _QL)["pass_through"] is None
