@@ -82,8 +82,6 @@ XFAIL = {
     "gemma2_tp1_fp32_clean": _GEMMA_EMBED,
     "gemma2_tp1_fp32_stale_pre_ff_norm": ("in_module_impl_difference at mlp.gate_proj+up_proj / gate_up_proj of layer 0 "
                                           "instead of parameter_or_checkpoint_issue at pre_feedforward_layernorm"),
-    "llama_tp1_fp32_lm_head_bf16": ("verdict no_credible_divergence: logits computed in bf16 (rel. error 2.9e-3, "
-                                    "engine noise 0 in fp32) pass the default tolerance"),
 }
 
 _KEY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z0-9_]+)\.forward\.\d+$")

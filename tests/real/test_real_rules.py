@@ -100,3 +100,51 @@ def test_a_placeholder_that_computes_is_blamed(tmp_path):
     assert (rc["category"], rc["side"], rc["train_module"]) == (
         "missing_or_extra_op_between_aligned_boundary", "train", _QL)
     assert _one_sided(tmp_path / "out", _QL)["pass_through"] is None
+
+
+# --- rule 3: a cause before the dumped range --------------------------------------------------
+
+def _dumps(case_dir, side):
+    return sorted((case_dir / side).glob("*/*/dump.json"))
+
+
+def _start_at_layer_1(case_dir):
+    """As if msprobe's ``scope`` started at layer 1: the embedding, layer 0 and the enclosing model
+    entries are not in either dump."""
+    def drop(data):
+        for key in list(data):
+            path = key.split(".forward.")[0].rsplit(".", 1)[0].removeprefix("Module.")
+            if path == "model" or path.startswith(("model.embed_tokens", "model.layers.0.", "model.rotary_emb")) \
+                    or path == "model.layers.0":
+                del data[key]
+    for side in ("train", "rollout"):
+        for path in _dumps(case_dir, side):
+            _edit(path, drop)
+
+
+def test_cause_before_the_dumped_range_is_upstream_propagation_at_the_entry(tmp_path):
+    """llama_tp1_fp32_stale_train has its fault in layer 0 (o_proj); a dump starting at layer 1
+    sees only diverged inputs. Without rule 3 the verdict is inconclusive with no cause."""
+    case = _copy("llama_tp1_fp32_stale_train", tmp_path)
+    _start_at_layer_1(case)
+    code, err, doc = run_pair(case / "train", case / "rollout", tmp_path / "out")
+    rc = _top(doc)
+    assert doc["verdict"] == "root_cause_found"
+    assert (rc["category"], rc["train_module"], rc["rollout_module"], rc["layer"]) == (
+        "upstream_propagation", "model.layers.1.input_layernorm", "model.layers.1.input_layernorm", 1)
+    assert rc["rules_fired"][0] == "cause_before_dumped_range"
+    assert rc["evidence"]["before_dumped_range"] is True
+    assert "layers 0..0" in rc["next_checks"][-1]
+    # no embedding in the dump: the token identity is not shown, so different inputs come first
+    assert rc["evidence"]["tokens_verified"] is False
+    assert "different tokens" in rc["hypotheses"][0]["statement"]
+    assert "token ids" in rc["next_checks"][0]
+
+
+def test_clean_pair_starting_late_stays_clean(tmp_path):
+    case = _copy("llama_tp1_fp32_clean", tmp_path)
+    _start_at_layer_1(case)
+    code, err, doc = run_pair(case / "train", case / "rollout", tmp_path / "out")
+    assert doc is not None, err
+    assert doc["verdict"] in ("no_credible_divergence", "precision_only"), doc["root_causes"][:1]
+    assert not any("cause_before_dumped_range" in f.get("rules_fired", []) for f in doc["other_candidates"])

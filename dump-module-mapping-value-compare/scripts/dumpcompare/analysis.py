@@ -225,6 +225,11 @@ def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boun
     if out_s == "drift" and boundary:
         return "origin", 2, "output precision changes here (dtypes differ) while inputs agree"
     if out_s in ("unknown", "none", "structural"):
+        if boundary:
+            # dtypes are exact metadata: a precision change shows even where values cannot be
+            # compared (vLLM's logits cover only the sampled positions)
+            return ("origin", 2, "output precision changes here (dtypes differ) while inputs agree; "
+                    "the output values themselves could not be compared")
         if pair.kind in ("by_design_difference", "cross_role") or out_s == "structural":
             return "structural", 4, pair.note or "outputs are not comparable by design"
         return "incomparable", 4, "no output of this pair could be compared"

@@ -44,6 +44,11 @@ SCREENS = (
            "every output comparison is structural (shards, padding): the values were not compared"),
 )
 
+# Relative output error from which a difference is not precision-sized (analysis_rules.md,
+# "Size of the error"): 10x the bf16 tolerance, past fp8 rounding, and what two outputs whose
+# cosine is below about 0.95 differ by.
+UNCORRELATED_ERROR = 0.3
+
 # Order matters: the first row whose condition holds decides the category.
 RULES = (
     Rule("parameters_differ", "parameter_or_checkpoint_issue", 0.9, lambda s: s.parameters_differ,
@@ -53,6 +58,9 @@ RULES = (
     Rule("extra_op_before_observer", "missing_or_extra_op_between_aligned_boundary", 0.75,
          lambda s: s.op_before_observer is not None,
          "one side shows the suspect's output only after an unexpected one-sided module"),
+    Rule("unobserved_weight_uncorrelated", "parameter_or_checkpoint_issue", 0.7,
+         lambda s: s.origin and s.parameters_unobserved and (s.output_error or 0.0) >= UNCORRELATED_ERROR,
+         "one side's weights are not in the dump and the outputs are uncorrelated: a weight difference leads"),
     Rule("origin_in_module", "in_module_impl_difference", 0.8, lambda s: s.origin,
          "inputs and parameters agree, the output differs"),
     Rule("extra_op_between", "missing_or_extra_op_between_aligned_boundary", 0.75,
@@ -71,6 +79,10 @@ RULES = (
 PROPAGATION = Rule("behind_accepted_cause", "upstream_propagation", None,
                    lambda s: s.inputs_diverged,
                    "behind an accepted root cause, diverged inputs are most simply its propagation")
+# Applied when no candidate explains a divergence (issue 11 rule 3).
+BEFORE_RANGE = Rule("cause_before_dumped_range", "upstream_propagation", 0.6,
+                    lambda s: s.inputs_diverged and s.first_compared,
+                    "the first dumped aligned modules already receive diverged inputs: the cause is earlier")
 PROPAGATION_EXAMPLE = Rule("carries_cause", "upstream_propagation", 0.9, lambda s: True,
                            "right after a root cause, a module whose inputs carry the divergence")
 
@@ -104,7 +116,7 @@ def first_screen(suspect) -> Screen | None:
 
 def by_id(rule_id: str) -> Rule:
     """A category row by its id (PROPAGATION rows included)."""
-    return next(r for r in RULES + (PROPAGATION, PROPAGATION_EXAMPLE) if r.id == rule_id)
+    return next(r for r in RULES + (PROPAGATION, BEFORE_RANGE, PROPAGATION_EXAMPLE) if r.id == rule_id)
 
 
 def adjustments(suspect) -> list[Adjustment]:

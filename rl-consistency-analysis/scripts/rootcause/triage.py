@@ -206,6 +206,23 @@ class Suspect:
     def origin(self) -> bool:
         return self.m["status"] == "origin" and not self.m["is_container"]
 
+    @property
+    def first_compared(self) -> bool:
+        """No pair before it in execution order has an output that was compared and agrees."""
+        i = self.ev.pos[self.m["pid"]]
+        return not any(x["output_status"] in CLEAN for x in self.ev.modules[:i])
+
+    @property
+    def parameters_unobserved(self) -> bool:
+        return self.m["parameter_status"] in ("unknown", "structural")
+
+    @cached_property
+    def output_error(self) -> float | None:
+        """The largest relative error among the diverged outputs (rel. L2 in tensor mode)."""
+        errs = [p["error"] for p in self.m["points"]["out"]
+                if p["status"] in DIVERGED and isinstance(p.get("error"), (int, float))]
+        return max(errs, default=None)
+
     @cached_property
     def start(self) -> dict | None:
         """The aligned boundary the window between starts after."""
@@ -363,8 +380,16 @@ def _decide_precision(s: Suspect, f: dict, ev_info: dict) -> None:
                         "module agreed" if side else "dtypes differ but neither is clearly lower")
 
 
+def _decide_unobserved_weight(s: Suspect, f: dict, ev_info: dict) -> None:
+    ev_info["parameters_unobserved"] = True
+    f["side_reason"] = (f"one side does not show this module's weights (vLLM applies lm_head's weight inside "
+                        f"logits_processor) and the outputs differ by {s.output_error:.3g} relative, far past "
+                        f"any rounding ({rules.UNCORRELATED_ERROR}): a different weight (untied vs tied head, "
+                        f"wrong shard, wrong checkpoint) leads; compare each side's weight with the checkpoint")
+
+
 def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> None:
-    if s.m["parameter_status"] in ("unknown", "structural"):
+    if s.parameters_unobserved:
         ev_info["parameters_uncompared"] = True
         f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
                             "them), so a weight difference is as possible as an implementation difference")
@@ -432,6 +457,7 @@ _DECIDE = {
     "parameters_differ": _decide_parameters,
     "precision_boundary": _decide_precision,
     "extra_op_before_observer": _decide_op_before_observer,
+    "unobserved_weight_uncorrelated": _decide_unobserved_weight,
     "origin_in_module": _decide_origin,
     "extra_op_between": _decide_op_between,
     "impl_in_container": _decide_between,
@@ -578,6 +604,10 @@ def run(ev: Evidence) -> Triage:
             tri.other_candidates.append(f)
         else:
             found.append((f, m))
+    if not found:
+        entry = _before_range(ev, comp)
+        if entry is not None:
+            found.append(entry)
     _propagation_examples(ev, tri, found)
     share = tri.precision["dtype_differs_share"]
     precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
@@ -598,6 +628,33 @@ def run(ev: Evidence) -> Triage:
         tri.verdict = "inconclusive"
     _drop_reported(tri)
     return tri
+
+
+def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
+    """Rule 3: the first dumped aligned module already receives diverged inputs, so the cause lies
+    before the dumped range; the finding sits at that entry point and says what to dump next."""
+    entry = next((m for m in ev.modules if not m["is_container"] and m["input_status"] in CLEAN + DIVERGED), None)
+    if entry is None:
+        return None
+    s = Suspect(ev, entry)
+    if not rules.BEFORE_RANGE.condition(s):
+        return None
+    s.rule = rules.BEFORE_RANGE.id
+    tokens = comp.get("tokens") or {}
+    f = {"category": rules.BEFORE_RANGE.category, "side": "undetermined",
+         "train_module": _path_names(entry["train_modules"]), "rollout_module": _path_names(entry["rollout_modules"]),
+         "layer": entry["layer"], "role": entry["role"], "rules_fired": [rules.BEFORE_RANGE.id],
+         "side_reason": ("the first aligned modules in the dump already receive inputs that differ, so the cause "
+                         "lies before the dumped range; the dumps cannot say which side"),
+         "evidence": {"pair": entry["pid"], "status": entry["status"], "input_status": entry["input_status"],
+                      "parameter_status": entry["parameter_status"], "output_status": entry["output_status"],
+                      "differing_points": [p["point"] for p in entry["points"]["in"] if p["status"] in DIVERGED],
+                      "before_dumped_range": True, "tokens_verified": bool(tokens.get("verified")),
+                      "tokens_how": tokens.get("how")}}
+    f["confidence"], f["confidence_notes"] = confidence(s, f)
+    f["confidence_word"] = credence.word(f["confidence"])
+    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+    return f, entry
 
 
 def _any_drift(ev: Evidence) -> bool:
