@@ -148,3 +148,54 @@ def test_clean_pair_starting_late_stays_clean(tmp_path):
     assert doc is not None, err
     assert doc["verdict"] in ("no_credible_divergence", "precision_only"), doc["root_causes"][:1]
     assert not any("cause_before_dumped_range" in f.get("rules_fired", []) for f in doc["other_candidates"])
+
+
+# --- rule 6: an op with no module of its own --------------------------------------------------
+
+def _inline_shift(case_dir):
+    """As if the train model's forward added something to the embedding output before layer 0
+    (a position embedding, a bias) with no module of its own: layer 0's input_layernorm receives
+    the shifted stream (Max, Min, Mean moved by 0.1, Norm recomputed exactly) and its output
+    changes with it; nothing between the two modules is dumped."""
+    def shift(data):
+        key = next(k for k in data if k.startswith("Module.model.layers.0.input_layernorm."))
+        entry = dict(data[key])
+        x = dict(entry["input_args"][0])
+        n = 1
+        for d in x["shape"]:
+            n *= d
+        x["Norm"] = (x["Norm"] ** 2 + 2 * 0.1 * x["Mean"] * n + n * 0.01) ** 0.5
+        for k in ("Max", "Min", "Mean"):
+            x[k] += 0.1
+        entry["input_args"] = [x] + entry["input_args"][1:]
+        entry["output"] = [_scale(entry["output"][0], 0.9)]
+        data[key] = entry
+    for path in _dumps(case_dir, "train"):
+        _edit(path, shift)
+
+
+def test_an_op_inline_in_the_parent_is_named_with_both_boundaries(tmp_path):
+    """Without rule 6 this is an in_module_impl_difference at the norm (impl_inline)."""
+    case = _copy("llama_tp1_fp32_clean", tmp_path)
+    _inline_shift(case)
+    code, err, doc = run_pair(case / "train", case / "rollout", tmp_path / "out")
+    rc = _top(doc)
+    assert (rc["category"], rc["train_module"], rc["side"]) == (
+        "missing_or_extra_op_between_aligned_boundary", "model.layers.0.input_layernorm", "undetermined")
+    assert rc["rules_fired"][0] == "inline_op_between"
+    assert rc["evidence"]["boundary"]["train_module"] == "model.embed_tokens"
+    assert rc["evidence"]["inline_in"] == {"train": "model", "rollout": "model"}
+    assert rc["side_reason"].startswith("no dumped module: the op is inline in model")
+    assert "model.embed_tokens" in rc["side_reason"] and "model.layers.0.input_layernorm" in rc["side_reason"]
+
+
+@pytest.mark.parametrize("name", ["llama_tp1_fp32_clean", "megatron_tp1_clean", "qwen2_tp1_fp32_clean"])
+def test_inline_ops_both_sides_run_stay_silent(name, tmp_path):
+    """Clean pairs are full of ops inline in a parent (HF's residual adds and act * up, vLLM's
+    fused add in the norm, Megatron's bias-dropout-add): the rule fires only where the stream
+    changes between two agreeing boundaries."""
+    code, err, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path)
+    assert doc is not None, err
+    assert doc["verdict"] in ("no_credible_divergence", "precision_only")
+    fired = {r for f in doc["root_causes"] + doc["other_candidates"] for r in f.get("rules_fired", [])}
+    assert "inline_op_between" not in fired

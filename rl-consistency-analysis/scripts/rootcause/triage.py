@@ -253,6 +253,18 @@ class Suspect:
                 return {"point": p["point"], "cid": p.get("cid"), "diverged_parts": sorted(diverged & set(parts))}
         return None
 
+    @property
+    def nothing_between(self) -> bool:
+        """No module at all (pass-through ones aside) runs between the boundary and the suspect."""
+        return not [o for o in self.between if not o.get("pass_through")]
+
+    @property
+    def boundary_breaks(self) -> bool:
+        """A non-container suspect whose compared inputs differ right after an agreeing output."""
+        m, prev = self.m, self.start
+        return (not m["is_container"] and prev is not None and prev["output_status"] in CLEAN
+                and self.inputs_diverged and m["input_status_source"] == "compared")
+
     @cached_property
     def container(self) -> dict | None:
         return self.m if self.m["is_container"] else enclosing_container(self.ev, self.m)
@@ -452,7 +464,39 @@ def _decide_split(s: Suspect, f: dict, ev_info: dict) -> None:
                             "order its split does not expect; compare each with the checkpoint to decide")
 
 
+def _common_parent(a: list[str], b: list[str]) -> str | None:
+    """The module enclosing both paths' forward calls (a ModuleList and its index are skipped:
+    a list has no forward of its own)."""
+    if not a or not b:
+        return None
+    x, y = a[0].split("."), b[0].split(".")
+    n = 0
+    while n < min(len(x), len(y)) - 1 and x[n] == y[n]:
+        n += 1
+    common = x[:n]
+    if n < len(x) and n < len(y) and x[n].isdigit() and y[n].isdigit() and common:
+        common = common[:-1]        # two entries of one ModuleList: the op is in its owner
+    return ".".join(common) or None
+
+
+def _decide_inline_op(s: Suspect, f: dict, ev_info: dict) -> None:
+    """Rule 6: an op with no module of its own changes the stream between two aligned modules."""
+    _window(s, ev_info)
+    prev, m = s.start, s.m
+    parents = {side: _common_parent(prev[f"{side}_modules"], m[f"{side}_modules"]) for side in ("train", "rollout")}
+    where = " / ".join(f"{p} ({side})" for side, p in parents.items() if p) or "the model's forward"
+    ev_info["suspect_pair"] = _mini(m)
+    ev_info["inline_in"] = parents
+    f["op_module"] = None
+    f["side_reason"] = (f"no dumped module: the op is inline in {where}. The output of {_path_names(prev['train_modules'])}"
+                        f" / {_path_names(prev['rollout_modules'])} agrees, the input of "
+                        f"{_path_names(m['train_modules'])} / {_path_names(m['rollout_modules'])} does not, and "
+                        f"nothing is dumped between: one side computes something more or less in that forward "
+                        f"(a scale, a residual add, a cast); which side the dumps cannot say")
+
+
 _DECIDE = {
+    "inline_op_between": _decide_inline_op,
     "fused_split_differs": _decide_split,
     "parameters_differ": _decide_parameters,
     "precision_boundary": _decide_precision,
