@@ -103,7 +103,23 @@ def test_confidence_and_credence_word(analyze, case):
         c = f["confidence"]
         assert isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
         assert 0 <= c <= 1
-        assert f["confidence_word"] == expected_word(c), (c, f["confidence_word"])
+        # a word only where the finding's bin of fired rules is calibrated (references/calibration.md)
+        from rootcause import credence
+        calibrated = credence.bin_key(f["rules_fired"]) in credence.calibrated_bins()
+        assert f["confidence_word"] == (expected_word(c) if calibrated else "uncalibrated"), (c, f["confidence_word"])
+
+
+def test_calibration_table_gives_words_only_to_bins_of_twenty():
+    import json
+    from rootcause import credence
+    doc = json.loads(credence.CALIBRATION_FILE.read_text(encoding="utf-8"))
+    assert doc["min_findings"] == 20
+    big = {k for k, b in doc["bins"].items() if b["findings"] >= 20}
+    assert credence.calibrated_bins() == big
+    assert all(b["right"] <= b["findings"] for b in doc["bins"].values())
+    assert credence.calibrated_word(0.9, ["parameters_differ"]) == ("almost certain" if "parameters_differ" in big
+                                                                   else "uncalibrated")
+    assert credence.calibrated_word(0.9, ["no_such_rule"]) == "uncalibrated"
 
 
 @pytest.mark.parametrize("case", FAULTY)

@@ -48,6 +48,10 @@ SCREENS = (
 # "Size of the error"): 10x the bf16 tolerance, past fp8 rounding, and what two outputs whose
 # cosine is below about 0.95 differ by.
 UNCORRELATED_ERROR = 0.3
+# Outputs that are one another times a constant (cosine, or ratios of Max, Min, Mean and Norm
+# equal within the comparison's tolerance) are correlated however large the error: a scale, not a
+# different weight.
+SCALE_COSINE = 0.95
 
 # Order matters: the first row whose condition holds decides the category.
 RULES = (
@@ -59,7 +63,7 @@ RULES = (
          lambda s: s.op_before_observer is not None,
          "one side shows the suspect's output only after an unexpected one-sided module"),
     Rule("unobserved_weight_uncorrelated", "parameter_or_checkpoint_issue", 0.7,
-         lambda s: s.origin and s.parameters_unobserved and (s.output_error or 0.0) >= UNCORRELATED_ERROR,
+         lambda s: s.origin and s.parameters_unobserved and s.uncorrelated,
          "one side's weights are not in the dump and the outputs are uncorrelated: a weight difference leads"),
     Rule("origin_in_module", "in_module_impl_difference", 0.8, lambda s: s.origin,
          "inputs and parameters agree, the output differs"),

@@ -160,6 +160,19 @@ def _multiset_equal(ev: Evidence, m: dict) -> bool:
     return any((r.get("tensor_metrics") or {}).get("multiset_equal") for r in _results(ev, m, "param"))
 
 
+def _scaled_copy(r: dict) -> bool:
+    """One side's output is the other's times a constant: cosine near 1 (tensor mode), or the same
+    ratio, within the comparison's tolerance (the dtype's rounding), for every non-zero statistic."""
+    cos = (r.get("tensor_metrics") or {}).get("cosine")
+    if isinstance(cos, (int, float)):
+        return cos >= rules.SCALE_COSINE
+    t, ro = (r.get("train") or {}).get("stats") or {}, (r.get("rollout") or {}).get("stats") or {}
+    ratios = [t[k] / ro[k] for k in ("max", "min", "mean", "norm")
+              if isinstance(t.get(k), (int, float)) and isinstance(ro.get(k), (int, float)) and ro[k] and t[k]]
+    spread = r.get("tolerance") if isinstance(r.get("tolerance"), (int, float)) else 0.0
+    return len(ratios) >= 3 and max(ratios) - min(ratios) <= spread * abs(max(ratios))
+
+
 def _mini(m: dict | None) -> dict | None:
     if m is None:
         return None
@@ -222,6 +235,15 @@ class Suspect:
         errs = [p["error"] for p in self.m["points"]["out"]
                 if p["status"] in DIVERGED and isinstance(p.get("error"), (int, float))]
         return max(errs, default=None)
+
+    @property
+    def uncorrelated(self) -> bool:
+        """The output error is past rounding (rules.UNCORRELATED_ERROR) and the outputs are not
+        one another times a constant."""
+        if (self.output_error or 0.0) < rules.UNCORRELATED_ERROR:
+            return False
+        diverged = [r for r in _results(self.ev, self.m, "out") if r["status"] in DIVERGED]
+        return not any(_scaled_copy(r) for r in diverged)
 
     @cached_property
     def start(self) -> dict | None:
@@ -642,7 +664,7 @@ def run(ev: Evidence) -> Triage:
             f["side"] = "both"
             f["rules_fired"] = f["rules_fired"] + [rules.PROPAGATION.id]
         f["confidence"], f["confidence_notes"] = confidence(s, f)
-        f["confidence_word"] = credence.word(f["confidence"])
+        f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
         f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
         if f["category"] == "upstream_propagation":
             tri.other_candidates.append(f)
@@ -696,7 +718,7 @@ def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
                       "before_dumped_range": True, "tokens_verified": bool(tokens.get("verified")),
                       "tokens_how": tokens.get("how")}}
     f["confidence"], f["confidence_notes"] = confidence(s, f)
-    f["confidence_word"] = credence.word(f["confidence"])
+    f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
     f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
     return f, entry
 
@@ -723,7 +745,8 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
                 "category": "upstream_propagation", "side": "both",
                 "train_module": _path_names(x["train_modules"]), "rollout_module": _path_names(x["rollout_modules"]),
                 "layer": x["layer"], "role": x["role"], "confidence": rules.PROPAGATION_EXAMPLE.base,
-                "confidence_word": credence.word(rules.PROPAGATION_EXAMPLE.base),
+                "confidence_word": credence.calibrated_word(rules.PROPAGATION_EXAMPLE.base,
+                                                            [rules.PROPAGATION_EXAMPLE.id]),
                 "rules_fired": [rules.PROPAGATION_EXAMPLE.id],
                 "evidence": {"pair": x["pid"], "input_status": x["input_status"],
                              "parameter_status": x["parameter_status"], "output_status": x["output_status"],
