@@ -34,27 +34,26 @@ OUT_MD = REPO / "rl-consistency-analysis" / "references" / "calibration.md"
 MIN_FINDINGS = 20
 
 
-def tally(reports: dict) -> tuple[Counter, Counter, list[str]]:
-    """(findings per bin, right findings per bin, cases with no report)."""
-    seen, right, failed = Counter(), Counter(), []
+def tally(reports: dict) -> tuple[Counter, Counter, list[str], list[tuple]]:
+    """(findings per bin, right findings per bin, cases with no report, per-case matrix rows)."""
+    seen, right, failed, matrix = Counter(), Counter(), [], []
     for name, (code, err, doc) in sorted(reports.items()):
         if doc is None:
             failed.append(name)
             continue
         expected = case_doc(name)["expected"]
         causes = doc.get("root_causes") or []
-        if expected["verdict"] == "clean":
-            for f in causes:
-                seen[bin_key(f["rules_fired"])] += 1
-            continue
-        if causes:
-            k = bin_key(causes[0]["rules_fired"])
+        ok = not disagreements(expected, code, err, doc)
+        fired = [bin_key(f["rules_fired"]) for f in (causes if expected["verdict"] == "clean" else causes[:1])]
+        for k in fired:
             seen[k] += 1
-            right[k] += not disagreements(expected, code, err, doc)
-    return seen, right, failed
+            right[k] += ok and expected["verdict"] != "clean"
+        matrix.append((name, expected.get("category") or expected["verdict"], ", ".join(fired) or "-", ok))
+    return seen, right, failed, matrix
 
 
-def markdown(seen: Counter, right: Counter, cases: int) -> str:
+def markdown(seen: Counter, right: Counter, cases: int, matrix: list[tuple]) -> str:
+    cases_rows = "\n".join(f"| {n} | {e} | {f} | {'yes' if ok else 'no'} |" for n, e, f, ok in matrix)
     rows = "\n".join(f"| `{k}` | {seen[k]} | {right[k]} | {'yes' if seen[k] >= MIN_FINDINGS else 'no'} |"
                      for k in sorted(seen, key=lambda k: (-seen[k], k)))
     return f"""# Calibration of the triage rules
@@ -73,6 +72,14 @@ synthetic corpus (tests/synth) is not counted yet: its expected answers live in 
 | rules fired | findings | right | word given |
 |---|---|---|---|
 {rows}
+
+## Which rules fire on which pair
+The top root cause of each faulty case, every root cause of a clean one; "right" is whether the
+report agrees with the case's `expected` (for a clean case: reported nothing).
+
+| case | expected | rules fired | right |
+|---|---|---|---|
+{cases_rows}
 """
 
 
@@ -83,11 +90,11 @@ def main(argv=None) -> int:
     names = sorted(p.parent.name for p in CORPUS.glob("*/case.json"))
     with tempfile.TemporaryDirectory() as tmp:
         reports = run_default_command(names, tmp, workers=args.workers)
-    seen, right, failed = tally(reports)
+    seen, right, failed, matrix = tally(reports)
     doc = {"schema_version": "1.0", "min_findings": MIN_FINDINGS, "corpus": "tests/data/real", "cases": len(names),
            "bins": {k: {"findings": seen[k], "right": right[k]} for k in sorted(seen)}}
     OUT_JSON.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    OUT_MD.write_text(markdown(seen, right, len(names)), encoding="utf-8")
+    OUT_MD.write_text(markdown(seen, right, len(names), matrix), encoding="utf-8")
     print(f"{len(names)} cases, {sum(seen.values())} findings in {len(seen)} bins; no report: {failed or 'none'}")
     return 0
 
