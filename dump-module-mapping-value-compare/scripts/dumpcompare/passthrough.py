@@ -4,8 +4,9 @@ Megatron's local layer spec puts ``IdentityOp`` placeholders in every layer (``q
 ``k_layernorm`` without qk-layernorm, ``pre_cross_attn_layernorm``, ...); dropout at inference
 and ``nn.Identity`` do the same. Such a module is not an op: it can never be the missing or
 extra op between two aligned modules, nor break a boundary (rl-consistency-analysis/references/
-analysis_rules.md, "Pass-through modules are not ops"). Whether a module passes its input through is read from its own dump
-entry, never from its name, so a placeholder that does compute something is still caught.
+analysis_rules.md, "Pass-through modules are not ops"). Whether a module passes its input through
+is read from its own dump entry, never from its name, so a placeholder that does compute
+something is still caught.
 """
 from __future__ import annotations
 

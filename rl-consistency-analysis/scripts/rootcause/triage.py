@@ -1,7 +1,8 @@
 """Deterministic triage: candidates -> structural screen -> boundary inspection -> category.
 
-Rules and their reasons are written up in references/analysis_rules.md; every function here
-implements one of them.
+The rules are a table in rules.py (condition, category, base score, adjustments) with their
+reasons in references/analysis_rules.md; this module computes the facts their conditions read
+(``Suspect``) and, for the row that fired, the side and the evidence.
 """
 from __future__ import annotations
 
@@ -416,8 +417,8 @@ def _decide_precision(s: Suspect, f: dict, ev_info: dict) -> None:
 
 def _decide_unobserved_weight(s: Suspect, f: dict, ev_info: dict) -> None:
     ev_info["parameters_unobserved"] = True
-    f["side_reason"] = (f"one side does not show this module's weights (vLLM applies lm_head's weight inside "
-                        f"logits_processor) and the outputs differ by {s.output_error:.3g} relative, far past "
+    f["side_reason"] = (f"one side does not show this module's weights (e.g. vLLM applies lm_head's weight "
+                        f"inside logits_processor) and the outputs differ by {s.output_error:.3g} relative, far past "
                         f"any rounding ({rules.UNCORRELATED_ERROR}): a different weight (untied vs tied head, "
                         f"wrong shard, wrong checkpoint) leads; compare each side's weight with the checkpoint")
 
@@ -475,8 +476,8 @@ def _decide_split(s: Suspect, f: dict, ev_info: dict) -> None:
     ev_info["split_boundary"] = split
     layout = _layout_side(s.ev, split["cid"])
     if layout:
-        f["side"] = layout[0]
         side, name = layout
+        f["side"] = side
         f["side_reason"] = (f"the {side} side splits {split['point']} in its own row layout ({name}), the other "
                             f"side in the plain order a Hugging Face checkpoint holds; a {side} weight converted "
                             f"without reordering its rows into that layout gives the wrong parts under the split "
@@ -533,7 +534,7 @@ _DECIDE = {
 
 def _pick_op(between: list[dict]) -> dict | None:
     """The unexpected one-sided module to blame, activation-like ones first; a pass-through
-    module (its output is its input, rules.PASS_THROUGH) is never an op."""
+    module (its output is its input: output_2 ``pass_through``) is never an op."""
     unexplained = [o for o in between if not o["expected"] and not o.get("pass_through")]
     return sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0] if unexplained else None
 
