@@ -175,7 +175,8 @@ def _inline_shift(case_dir):
 
 
 def test_an_op_inline_in_the_parent_is_named_with_both_boundaries(tmp_path):
-    """Without rule 6 this is an in_module_impl_difference at the norm (impl_inline)."""
+    """Without rule 6 this is an in_module_impl_difference at the layer model.layers.0
+    (impl_in_container)."""
     case = _copy("llama_tp1_fp32_clean", tmp_path)
     _inline_shift(case)
     code, err, doc = run_pair(case / "train", case / "rollout", tmp_path / "out")

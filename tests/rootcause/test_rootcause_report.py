@@ -120,6 +120,11 @@ def test_calibration_table_gives_words_only_to_bins_of_twenty():
     assert credence.calibrated_word(0.9, ["parameters_differ"]) == ("almost certain" if "parameters_differ" in big
                                                                    else "uncalibrated")
     assert credence.calibrated_word(0.9, ["no_such_rule"]) == "uncalibrated"
+    # the table names rows that exist: rerun tools/calibrate_rules.py when rules.py changes
+    from rootcause import rules
+    ids = {r.id for r in rules.RULES + (rules.PROPAGATION, rules.BEFORE_RANGE, rules.PROPAGATION_EXAMPLE)}
+    ids |= {a.id for a in rules.ADJUSTMENTS}
+    assert {part for k in doc["bins"] for part in k.split("+")} <= ids
 
 
 @pytest.mark.parametrize("case", FAULTY)
