@@ -20,17 +20,22 @@ def case_doc(name):
     return json.loads((CORPUS / name / "case.json").read_text(encoding="utf-8"))
 
 
+def run_pair(train, rollout, out, *extra):
+    """Run the root-cause command on one train/rollout pair of folders into ``out`` (``extra``
+    options appended): (exit code, stderr, output_5 document or None)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(train), "--rollout", str(rollout),
+                           "--out-dir", str(out), "--quiet", *map(str, extra)], capture_output=True, text=True,
+                          timeout=300)
+    report = Path(out) / REPORT
+    doc = json.loads(report.read_text(encoding="utf-8")) if proc.returncode == 0 and report.exists() else None
+    return proc.returncode, proc.stderr.strip(), doc
+
+
 def run_default_command(names, root, workers=4):
     """name -> (exit code, stderr, output_5 document or None), each case run into ``root/<name>``
     (a few at a time: each is a short subprocess)."""
     def run(name):
-        out = Path(root) / name
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--train", str(CORPUS / name / "train"),
-                               "--rollout", str(CORPUS / name / "rollout"), "--out-dir", str(out), "--quiet"],
-                              capture_output=True, text=True, timeout=300)
-        report = out / REPORT
-        doc = json.loads(report.read_text(encoding="utf-8")) if proc.returncode == 0 and report.exists() else None
-        return name, (proc.returncode, proc.stderr.strip(), doc)
+        return name, run_pair(CORPUS / name / "train", CORPUS / name / "rollout", Path(root) / name)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(pool.map(run, names))

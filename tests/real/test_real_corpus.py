@@ -76,8 +76,6 @@ SGLANG_TREES = {f: _renamed(t, Attention="RadixAttention") for f, t in VLLM_TREE
 
 # case -> what the pipeline says today instead of the expected answer (one line each).
 XFAIL = {
-    "llama_tp1_fp32_lm_head_bf16": ("verdict no_credible_divergence: logits computed in bf16 (rel. error 2.9e-3, "
-                                    "engine noise 0 in fp32) pass the default tolerance"),
 }
 
 _KEY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z0-9_]+)\.forward\.\d+$")

@@ -19,12 +19,8 @@ from real.corpus_check import CORPUS, case_doc, disagreements, run_default_comma
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
                if json.loads(p.read_text(encoding="utf-8"))["train"]["engine"] == "megatron-core")
 
-_QKV = ("category missing_or_extra_op_between_aligned_boundary at decoder.layers.0.self_attention."
-        "q_layernorm (an IdentityOp placeholder blamed as an extra op), rollout module None")
 # case -> what the pipeline says today instead of the expected answer.
 XFAIL = {
-    "megatron_tp1_qkv_plain_order": _QKV,
-    "megatron_tp1_tensor_qkv_plain_order": _QKV,
 }
 
 # Module path -> class name in megatron-core 0.16 (models/gpt/gpt_model.py, gpt_layer_specs.py

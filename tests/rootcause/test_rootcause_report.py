@@ -14,7 +14,8 @@ from synth import faults as F
 TOP_KEYS = {"schema_version", "verdict", "root_causes", "suppressed", "first_divergence", "other_candidates",
             "precision", "notes", "partial", "comparability", "mode", "inputs", "summary"}
 CAUSE_KEYS = {"rank", "category", "side", "side_reason", "train_module", "rollout_module", "layer", "role",
-              "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses", "next_checks"}
+              "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses", "next_checks",
+              "rules_fired"}
 CATEGORIES = {"structural_false_positive", "missing_or_extra_op_between_aligned_boundary",
               "parameter_or_checkpoint_issue", "in_module_impl_difference", "upstream_propagation"}
 VERDICTS = {"root_cause_found", "precision_only", "no_credible_divergence", "inconclusive"}
@@ -102,7 +103,28 @@ def test_confidence_and_credence_word(analyze, case):
         c = f["confidence"]
         assert isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
         assert 0 <= c <= 1
-        assert f["confidence_word"] == expected_word(c), (c, f["confidence_word"])
+        # a word only where the finding's bin of fired rules is calibrated (references/calibration.md)
+        from rootcause import credence
+        calibrated = credence.bin_key(f["rules_fired"]) in credence.calibrated_bins()
+        assert f["confidence_word"] == (expected_word(c) if calibrated else "uncalibrated"), (c, f["confidence_word"])
+
+
+def test_calibration_table_gives_words_only_to_bins_of_twenty():
+    import json
+    from rootcause import credence
+    doc = json.loads(credence.CALIBRATION_FILE.read_text(encoding="utf-8"))
+    assert doc["min_findings"] == 20
+    big = {k for k, b in doc["bins"].items() if b["findings"] >= 20}
+    assert credence.calibrated_bins() == big
+    assert all(b["right"] <= b["findings"] for b in doc["bins"].values())
+    assert credence.calibrated_word(0.9, ["parameters_differ"]) == ("almost certain" if "parameters_differ" in big
+                                                                   else "uncalibrated")
+    assert credence.calibrated_word(0.9, ["no_such_rule"]) == "uncalibrated"
+    # the table names rows that exist: rerun tools/calibrate_rules.py when rules.py changes
+    from rootcause import rules
+    ids = {r.id for r in rules.RULES + (rules.PROPAGATION, rules.BEFORE_RANGE, rules.PROPAGATION_EXAMPLE)}
+    ids |= {a.id for a in rules.ADJUSTMENTS}
+    assert {part for k in doc["bins"] for part in k.split("+")} <= ids
 
 
 @pytest.mark.parametrize("case", FAULTY)
@@ -191,3 +213,27 @@ def test_credence_scale_is_defined_once_for_both_skills():
     assert sorted((d["word"], d["low"], d["high"]) for d in doc) == sorted(mc.CREDENCE_SCALE)
     for module in (credence, mc):
         assert "highly unlikely" not in Path(module.__file__).read_text(encoding="utf-8"), module.__file__
+
+
+# Expected first rule per synthetic case, from the category each fault should get (analysis_rules.md).
+FIRST_RULE = {"corrupt": "parameters_differ", "corrupt_down": "parameters_differ", "permute": "parameters_differ",
+              "no_act": "extra_op_between", "extra_op": "extra_op_between"}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rules_fired_name_table_rows_and_give_the_confidence(analyze, case):
+    """Every finding lists the rows of rootcause/rules.py that fired; its confidence is the first
+    row's base score plus the adjustments listed after it."""
+    from rootcause import rules
+    rows = {r.id: r for r in rules.RULES + (rules.PROPAGATION, rules.PROPAGATION_EXAMPLE)}
+    deltas = {a.id: a.delta for a in rules.ADJUSTMENTS}
+    doc = analyze(**CASES[case]).doc
+    for f in doc["root_causes"] + doc["other_candidates"]:
+        fired = f["rules_fired"]
+        assert fired[0] in rows, fired
+        assert set(fired[1:]) <= set(deltas) | {rules.PROPAGATION.id}, fired
+        assert rows[fired[0]].category == f["category"] or rules.PROPAGATION.id in fired
+        expected = rows[fired[0]].base + sum(deltas.get(x, 0.0) for x in fired[1:])
+        assert f["confidence"] == pytest.approx(min(0.99, max(0.01, expected)), abs=0.006), fired
+    if case in FIRST_RULE:
+        assert doc["root_causes"][0]["rules_fired"][0] == FIRST_RULE[case]

@@ -105,7 +105,8 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
     last: str | None = None
     diverged_earlier: set[str] = set()   # points an earlier pair already output diverged
     masked: set[str] = set()             # statistics that agree only after the inputs diverged
-    unexpected = {s: (sorted(o.rec for o in plan.one_sided if o.side == s and not o.expected),
+    unexpected = {s: (sorted(o.rec for o in plan.one_sided if o.side == s and not o.expected
+                                  and not o.pass_through),
                       {r.key: i for i, r in enumerate(recs)})
                   for s, recs in (("train", train), ("rollout", rollout))}
     for pair in plan.pairs:
@@ -224,6 +225,11 @@ def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boun
     if out_s == "drift" and boundary:
         return "origin", 2, "output precision changes here (dtypes differ) while inputs agree"
     if out_s in ("unknown", "none", "structural"):
+        if boundary:
+            # dtypes are exact metadata: a precision change shows even where values cannot be
+            # compared (vLLM's logits cover only the sampled positions)
+            return ("origin", 2, "output precision changes here (dtypes differ) while inputs agree; "
+                    "the output values themselves could not be compared")
         if pair.kind in ("by_design_difference", "cross_role") or out_s == "structural":
             return "structural", 4, pair.note or "outputs are not comparable by design"
         return "incomparable", 4, "no output of this pair could be compared"

@@ -101,7 +101,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
         one_sided.append({"side": o.side, "module": r.path, "key": r.key, "class": r.cls, "layer": r.layer,
                           "block": r.block, "role": r.role, "index": r.index, "expected": o.expected,
                           "reason": o.reason, "activation_like": o.activation_like,
-                          "before_pair": o.before_pair, "after_pair": o.after_pair,
+                          "before_pair": o.before_pair, "after_pair": o.after_pair, "pass_through": o.pass_through,
                           "points": {io: [p.point for p in r.ports if p.io == io] for io in ("in", "out", "param")}})
     comps = [{"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
               "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
@@ -181,7 +181,8 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
                     for p in r.ports if p.io == io] for io in ("in", "out", "param")}
         one_sided.append({"side": o.side, "module": r.path, "class": r.cls, "layer": r.layer, "index": r.index,
                           "expected": o.expected, "activation_like": o.activation_like,
-                          "before_pair": o.before_pair, "after_pair": o.after_pair, "points": pts})
+                          "before_pair": o.before_pair, "after_pair": o.after_pair,
+                          "pass_through": o.pass_through, "points": pts})
     doc = {"partial": partial, "comparability": comparability, "first_divergence": first,
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},

@@ -71,6 +71,7 @@ class OneSided:
     activation_like: bool
     before_pair: str | None = None
     after_pair: str | None = None
+    pass_through: str | None = None    # "checksum" / "statistics" when it hands its input on (passthrough.py)
 
 
 @dataclass

@@ -32,6 +32,34 @@ def scale(path: Path = SCALE_FILE) -> tuple[tuple[int, str], ...]:
     return tuple(rows)
 
 
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+UNCALIBRATED = "uncalibrated"
+
+
+@lru_cache(maxsize=None)
+def calibrated_bins(path: Path = CALIBRATION_FILE) -> frozenset[str]:
+    """The sets of fired rules that held enough findings on the corpora to earn a credence word
+    (references/calibration.md, written by tools/calibrate_rules.py)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        least = int(doc["min_findings"])
+        return frozenset(k for k, b in doc["bins"].items() if int(b["findings"]) >= least)
+    except OSError as exc:
+        raise CredenceError(f"{path}: cannot read the calibration table ({exc.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CredenceError(f"{path}: not a calibration table ({type(exc).__name__}: {exc})") from None
+
+
+def bin_key(fired: list[str]) -> str:
+    """The calibration bin of a finding: its category rule, then its adjustments sorted."""
+    return "+".join(list(fired[:1]) + sorted(fired[1:]))
+
+
+def calibrated_word(confidence: float, fired: list[str]) -> str:
+    """The credence word when the finding's bin of fired rules is calibrated, else "uncalibrated"."""
+    return word(confidence) if bin_key(fired) in calibrated_bins() else UNCALIBRATED
+
+
 def clamp(x: float) -> float:
     """Keep a confidence inside [0.01, 0.99]: the dumps never prove or exclude a cause outright."""
     return round(min(0.99, max(0.01, x)), 2)

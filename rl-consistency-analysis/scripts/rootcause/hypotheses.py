@@ -106,11 +106,37 @@ def for_finding(f: dict) -> tuple[list[dict], list[str]]:
                   f"Feed the dumped input of {t or r} to both implementations offline (tensor dump) and compare.",
                   "Rerun both engines in fp32 / eager mode for this module to isolate kernel and precision effects."]
         return hyps, checks + checks_extra
+    if cat == "upstream_propagation" and f.get("evidence", {}).get("before_dumped_range"):
+        return _before_range(f, t, r)
     if cat == "upstream_propagation":
         return ([_h("This module only carries a divergence that started upstream.",
                     "fixing the upstream root cause removes it", "it persists after the upstream fix")],
                 ["Fix or explain the upstream root cause first, then re-dump."])
     return [], []
+
+
+def _before_range(f: dict, t: str, r: str) -> tuple[list[dict], list[str]]:
+    """A cause before the first dumped module: earlier modules, or the inputs themselves."""
+    e = f["evidence"]
+    layer = f.get("layer")
+    earlier = (f"the embedding and layers 0..{layer - 1}" if isinstance(layer, int) and layer > 0
+               else "the embedding and whatever runs before it")
+    hyps = [_h(f"A module before {t} (train) / {r} (rollout), outside the dumped range, differs.",
+               f"a dump that covers {earlier} shows an aligned pair whose inputs agree and outputs differ",
+               "the modules before the entry point all agree in a wider dump")]
+    checks = [f"Re-dump with msprobe `scope`/`list` covering {earlier} (both sides, same step), so the "
+              f"comparison starts where the inputs still agree."]
+    tokens = _h("The two sides were fed different tokens or inputs (prompt, padding, position ids).",
+                "the input token ids (or the embedding outputs) differ between the sides",
+                "a dump with the embedding shows the token ids equal, by md5 or tensor")
+    token_check = ("Compare the token ids both engines received for this step (dump the embedding module, "
+                   "md5 or tensor mode) before looking at any module.")
+    if not e.get("tokens_verified"):
+        hyps.insert(0, tokens)
+        checks.insert(0, token_check)
+    else:
+        hyps.append(tokens)
+    return hyps, checks
 
 
 def _names(x) -> str:

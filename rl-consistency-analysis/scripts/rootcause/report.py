@@ -24,7 +24,7 @@ AGENT_REPORT = "output_5_root_cause_report.md"
 HTML = "report.html"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
-         "next_checks", "side_evidence", "config_keys")
+         "next_checks", "side_evidence", "config_keys", "rules_fired")
 
 
 def _clean(obj):

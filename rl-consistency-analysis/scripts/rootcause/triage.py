@@ -1,13 +1,15 @@
 """Deterministic triage: candidates -> structural screen -> boundary inspection -> category.
 
-Rules and their reasons are written up in references/analysis_rules.md; every function here
-implements one of them.
+The rules are a table in rules.py (condition, category, base score, adjustments) with their
+reasons in references/analysis_rules.md; this module computes the facts their conditions read
+(``Suspect``) and, for the row that fired, the side and the evidence.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from . import credence, hypotheses, sides
+from . import credence, hypotheses, rules, sides
 from .evidence import Evidence
 
 DIVERGED = ("mismatch", "nonfinite")
@@ -73,9 +75,12 @@ def one_sided_between(ev: Evidence, start: dict | None, end: dict) -> list[dict]
     """Rule 3: train-only and rollout-only modules between an aligned boundary and the suspect."""
     lo = ev.pos[start["pid"]] if start else -1
     hi = ev.pos[end["pid"]]
+    # A non-container suspect's own children run after it received its inputs: they cannot
+    # explain inputs that already differ.
+    inside = () if end["is_container"] else tuple(x + "." for x in end["train_modules"] + end["rollout_modules"])
     out = []
     for o in ev.one_sided:
-        if o["layer"] != end["layer"] or o["role"] in ("wrapper", "model", "root"):
+        if o["layer"] != end["layer"] or o["role"] in ("wrapper", "model", "root") or o["module"].startswith(inside):
             continue
         b = ev.pos.get(o["before_pair"], -1) if o["before_pair"] else -1
         a = ev.pos.get(o["after_pair"], len(ev.modules)) if o["after_pair"] else len(ev.modules)
@@ -156,6 +161,19 @@ def _multiset_equal(ev: Evidence, m: dict) -> bool:
     return any((r.get("tensor_metrics") or {}).get("multiset_equal") for r in _results(ev, m, "param"))
 
 
+def _scaled_copy(r: dict) -> bool:
+    """One side's output is the other's times a constant: cosine near 1 (tensor mode), or the same
+    ratio, within the comparison's tolerance (the dtype's rounding), for every non-zero statistic."""
+    cos = (r.get("tensor_metrics") or {}).get("cosine")
+    if isinstance(cos, (int, float)):
+        return cos >= rules.SCALE_COSINE
+    t, ro = (r.get("train") or {}).get("stats") or {}, (r.get("rollout") or {}).get("stats") or {}
+    ratios = [t[k] / ro[k] for k in ("max", "min", "mean", "norm")
+              if isinstance(t.get(k), (int, float)) and isinstance(ro.get(k), (int, float)) and ro[k] and t[k]]
+    spread = r.get("tolerance") if isinstance(r.get("tolerance"), (int, float)) else 0.0
+    return len(ratios) >= 3 and max(ratios) - min(ratios) <= spread * abs(max(ratios))
+
+
 def _mini(m: dict | None) -> dict | None:
     if m is None:
         return None
@@ -167,96 +185,357 @@ def _mini(m: dict | None) -> dict | None:
 def _one_sided_view(o: dict) -> dict:
     return {"side": o["side"], "module": o["module"], "class": o["class"], "expected": o["expected"],
             "activation_like": o["activation_like"], "reason": o["reason"],
+            "pass_through": _pass_through_words(o.get("pass_through")),
             "point_status": o.get("point_status", {})}
 
 
-def classify(ev: Evidence, m: dict) -> dict:
-    """Rules 3-4: inspect the boundary of one suspect and decide its category and side."""
-    prev = previous_aligned(ev, m)
+class Suspect:
+    """The facts of one candidate pair that the rules in rules.py read (computed once, lazily)."""
+
+    def __init__(self, ev: Evidence, m: dict):
+        self.ev, self.m = ev, m
+        self.rule: str | None = None       # id of the category rule that classified it
+
+    @cached_property
+    def prev(self) -> dict | None:
+        return previous_aligned(self.ev, self.m)
+
+    @cached_property
+    def permuted(self) -> bool:
+        return _permuted_parts(self.ev, self.m)
+
+    @property
+    def parameters_differ(self) -> bool:
+        return self.m["status"] == "parameter_mismatch" or self.permuted
+
+    @property
+    def precision_origin(self) -> bool:
+        return bool(self.m["dtype_boundary"]) and self.m["status"] == "origin"
+
+    @cached_property
+    def op_before_observer(self) -> dict | None:
+        return _op_before_observer(self.ev, self.m, self.prev)
+
+    @property
+    def origin(self) -> bool:
+        return self.m["status"] == "origin" and not self.m["is_container"]
+
+    @property
+    def first_compared(self) -> bool:
+        """No pair before it in execution order has an output that was compared and agrees."""
+        i = self.ev.pos[self.m["pid"]]
+        return not any(x["output_status"] in CLEAN for x in self.ev.modules[:i])
+
+    @property
+    def parameters_unobserved(self) -> bool:
+        return self.m["parameter_status"] in ("unknown", "structural")
+
+    @cached_property
+    def output_error(self) -> float | None:
+        """The largest relative error among the diverged outputs (rel. L2 in tensor mode)."""
+        errs = [p["error"] for p in self.m["points"]["out"]
+                if p["status"] in DIVERGED and isinstance(p.get("error"), (int, float))]
+        return max(errs, default=None)
+
+    @property
+    def uncorrelated(self) -> bool:
+        """The output error is past rounding (rules.UNCORRELATED_ERROR) and the outputs are not
+        one another times a constant."""
+        if (self.output_error or 0.0) < rules.UNCORRELATED_ERROR:
+            return False
+        diverged = [r for r in _results(self.ev, self.m, "out") if r["status"] in DIVERGED]
+        return not any(_scaled_copy(r) for r in diverged)
+
+    @cached_property
+    def start(self) -> dict | None:
+        """The aligned boundary the window between starts after."""
+        if self.m["is_container"]:
+            first = _children_span(self.ev, self.m)
+            return previous_aligned(self.ev, first) if first else self.prev
+        return self.prev
+
+    @cached_property
+    def between(self) -> list[dict]:
+        return one_sided_between(self.ev, self.start, self.m)
+
+    @cached_property
+    def op_between(self) -> dict | None:
+        return _pick_op(self.between)
+
+    @cached_property
+    def split_boundary(self) -> dict | None:
+        """The previous aligned pair's fused output (``a+b+c``) when it agrees while one of its
+        parts, as the modules after it receive it, differs: the split, not the product, differs."""
+        if self.prev is None or not self.inputs_diverged:
+            return None
+        diverged = {r["point"] for r in self.ev.compare.get("results", [])
+                    if r["status"] in DIVERGED and r.get("pair") is None}
+        for p in self.prev["points"]["out"]:
+            parts = p["point"].split("+")
+            if len(parts) > 1 and p["status"] in CLEAN and diverged & set(parts):
+                return {"point": p["point"], "cid": p.get("cid"), "diverged_parts": sorted(diverged & set(parts))}
+        return None
+
+    @property
+    def nothing_between(self) -> bool:
+        """No module at all (pass-through ones aside) runs between the boundary and the suspect."""
+        return not [o for o in self.between if not o.get("pass_through")]
+
+    @property
+    def boundary_breaks(self) -> bool:
+        """A non-container suspect whose compared inputs differ right after an agreeing output."""
+        m, prev = self.m, self.start
+        return (not m["is_container"] and prev is not None and prev["output_status"] in CLEAN
+                and self.inputs_diverged and m["input_status_source"] == "compared")
+
+    @cached_property
+    def container(self) -> dict | None:
+        return self.m if self.m["is_container"] else enclosing_container(self.ev, self.m)
+
+    @property
+    def fused_realigns(self) -> bool:
+        m = self.m
+        return (m["kind"] in FUSED_KINDS and m["status"] != "parameter_mismatch" and not self.permuted
+                and self.realigns and not m["dtype_boundary"])
+
+    @property
+    def outputs_structural(self) -> bool:
+        outs = _results(self.ev, self.m, "out")
+        return bool(outs) and all(r["status"] == "structural" for r in outs)
+
+    @property
+    def inputs_diverged(self) -> bool:
+        return self.m["input_status"] in DIVERGED
+
+    @property
+    def inputs_clean_or_none(self) -> bool:
+        return self.m["input_status"] in CLEAN + ("none",)
+
+    @property
+    def inputs_inferred(self) -> bool:
+        return self.m["input_status_source"] != "compared"
+
+    @cached_property
+    def realigns(self) -> bool:
+        return realigns(self.ev, self.m)
+
+    @property
+    def fused(self) -> bool:
+        return self.m["kind"] in FUSED_KINDS or self.permuted or _multiset_equal(self.ev, self.m)
+
+    @property
+    def activation_like_op(self) -> bool:
+        op = self.op_before_observer or self.op_between
+        return bool(op and op["activation_like"])
+
+    @cached_property
+    def margin(self) -> float | None:
+        return max((p["margin"] for p in self.m["points"]["out"]
+                    if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)), default=None)
+
+    @property
+    def small_margin(self) -> bool:
+        return self.margin is not None and self.margin < 2 and self.rule != "precision_boundary"
+
+    @property
+    def internal_only(self) -> bool:
+        return reaches_output(self.ev) is False and self.m["role"] not in ("lm_head", "logits", "final_norm")
+
+
+def _pass_through_words(how: str | None) -> str | None:
+    if how is None:
+        return None
+    return ("pass-through: output equals the input (checksums)" if how == "checksum" else
+            "pass-through (statistics only): output has the input's shape, dtype and statistics")
+
+
+def classify(s: Suspect) -> dict:
+    """Inspect the boundary of one suspect; the first matching row of rules.RULES decides its
+    category, and the decision for that row fills in side and evidence."""
+    ev, m = s.ev, s.m
+    rule = rules.first_rule(s)
+    s.rule = rule.id
     ev_info = {
         "pair": m["pid"], "status": m["status"], "rank_reason": m["rank_reason"],
         "module_priority_rank": m["module_priority_rank"],
         "input_status": m["input_status"], "input_status_source": m["input_status_source"],
         "parameter_status": m["parameter_status"], "output_status": m["output_status"],
-        "amplification": m["amplification"], "previous_aligned": _mini(prev),
+        "amplification": m["amplification"], "previous_aligned": _mini(s.prev),
         "differing_points": [p["point"] for io in ("in", "param", "out") for p in m["points"][io]
                              if p["status"] in DIVERGED],
         "differing_parameters": [p["point"] for p in m["points"]["param"] if p["status"] in DIVERGED],
-        "output_error_margin": max((p["margin"] for p in m["points"]["out"]
-                                    if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)),
-                                   default=None),
+        "output_error_margin": s.margin,
         "diverged_calls": _diverged_calls(ev, m),
     }
-    f = {"category": None, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
+    f = {"category": rule.category, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
          "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],
-         "evidence": ev_info}
-    if m["status"] == "parameter_mismatch" or _permuted_parts(ev, m):
-        f["category"] = "parameter_or_checkpoint_issue"
-        permuted = _permuted_parts(ev, m) or _multiset_equal(ev, m)
-        ev_info["permuted_fused_rows"] = permuted
-        side = _fused_side(m) if permuted else None
-        if side:
-            f["side"] = side
-            f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
-                                f"order; the unfused parts on the other side are consistent with each other")
-        else:
-            f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
-                                "each with the checkpoint to decide")
-        return f
-    if m["dtype_boundary"] and m["status"] == "origin":
-        f["category"] = "in_module_impl_difference"
-        side = _lower_precision_side(ev, m)
-        ev_info["precision_boundary"] = f"{side} side in lower precision" if side else "dtypes differ"
-        f["side"] = side or "undetermined"
-        f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
-                            "module agreed" if side else "dtypes differ but neither is clearly lower")
-        return f
-    op = _op_before_observer(ev, m, prev)
-    if op is not None:
-        return _missing_or_extra(f, ev_info, op, m)
-    if m["status"] == "origin" and not m["is_container"]:
-        f["category"] = "in_module_impl_difference"
-        if m["parameter_status"] in ("unknown", "structural"):
-            ev_info["parameters_uncompared"] = True
-            f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
-                                "them), so a weight difference is as possible as an implementation difference")
-        else:
-            f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference "
-                                "is in how it computes: compare its configuration on both sides to decide")
-        if m["input_status_source"] != "compared":
-            ev_info["inputs_inferred"] = True
-        return f
-    # A container origin or an input divergence behind a clean aligned boundary: look between.
-    if m["is_container"]:
-        start = _children_span(ev, m)
-        start = previous_aligned(ev, start) if start else prev
-        region = m
+         "evidence": ev_info, "rules_fired": [rule.id]}
+    _DECIDE[rule.id](s, f, ev_info)
+    return f
+
+
+def _layout_side(ev: Evidence, cid: str | None) -> tuple[str, str] | None:
+    """(side, layout) when the comparison ``cid`` read exactly one side in its own row layout
+    (output_2 ``train_layout``/``rollout_layout``, e.g. Megatron's per-group qkv)."""
+    plan = next((c for c in ev.mapping.get("comparisons", []) if c["cid"] == cid), {})
+    found = [(side, plan[f"{side}_layout"]) for side in ("train", "rollout") if plan.get(f"{side}_layout")]
+    return found[0] if len(found) == 1 else None
+
+
+def _layout_reason(side: str, layout: str, what: str) -> str:
+    return (f"the {side} side holds {what} in its own row layout ({layout}), the other side in the plain "
+            f"order a Hugging Face checkpoint holds; the {side} rows hold the same values in another order, "
+            f"which is what a conversion into the {side} layout that kept the plain order leaves")
+
+
+def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> None:
+    permuted = s.permuted or _multiset_equal(s.ev, s.m)
+    ev_info["permuted_fused_rows"] = permuted
+    side = _fused_side(s.m) if permuted else None
+    layout = None if side or not permuted else next(
+        filter(None, (_layout_side(s.ev, p.get("cid")) for p in s.m["points"]["param"] if p["status"] in DIVERGED)),
+        None)
+    if side:
+        f["side"] = side
+        f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
+                            f"order; the unfused parts on the other side are consistent with each other")
+    elif layout:
+        f["side"] = layout[0]
+        f["side_reason"] = _layout_reason(*layout, "this weight")
     else:
-        start, region = prev, m
-    between = one_sided_between(ev, start, region)
-    ev_info["boundary"] = _mini(start)
-    ev_info["one_sided_between"] = [_one_sided_view(o) for o in between]
-    op = _pick_op(between)
-    if op is not None:
-        return _missing_or_extra(f, ev_info, op, m)
-    container = m if m["is_container"] else enclosing_container(ev, m)
-    f["category"] = "in_module_impl_difference"
+        f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
+                            "each with the checkpoint to decide")
+
+
+def _decide_precision(s: Suspect, f: dict, ev_info: dict) -> None:
+    side = _lower_precision_side(s.ev, s.m)
+    ev_info["precision_boundary"] = f"{side} side in lower precision" if side else "dtypes differ"
+    f["side"] = side or "undetermined"
+    f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
+                        "module agreed" if side else "dtypes differ but neither is clearly lower")
+
+
+def _decide_unobserved_weight(s: Suspect, f: dict, ev_info: dict) -> None:
+    ev_info["parameters_unobserved"] = True
+    f["side_reason"] = (f"one side does not show this module's weights (e.g. vLLM applies lm_head's weight "
+                        f"inside logits_processor) and the outputs differ by {s.output_error:.3g} relative, far past "
+                        f"any rounding ({rules.UNCORRELATED_ERROR}): a different weight (untied vs tied head, "
+                        f"wrong shard, wrong checkpoint) leads; compare each side's weight with the checkpoint")
+
+
+def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> None:
+    if s.parameters_unobserved:
+        ev_info["parameters_uncompared"] = True
+        f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
+                            "them), so a weight difference is as possible as an implementation difference")
+    else:
+        f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference "
+                            "is in how it computes: compare its configuration on both sides to decide")
+    if s.inputs_inferred:
+        ev_info["inputs_inferred"] = True
+
+
+def _decide_op_before_observer(s: Suspect, f: dict, ev_info: dict) -> None:
+    _missing_or_extra(f, ev_info, s.op_before_observer, s.m)
+
+
+def _window(s: Suspect, ev_info: dict) -> None:
+    ev_info["boundary"] = _mini(s.start)
+    ev_info["one_sided_between"] = [_one_sided_view(o) for o in s.between]
+
+
+def _decide_op_between(s: Suspect, f: dict, ev_info: dict) -> None:
+    _window(s, ev_info)
+    _missing_or_extra(f, ev_info, s.op_between, s.m)
+
+
+def _decide_between(s: Suspect, f: dict, ev_info: dict) -> None:
+    """Inputs break behind a clean boundary with nothing unexpected between: the enclosing module."""
+    _window(s, ev_info)
+    container, m = s.container, s.m
     if container is not None and container is not m:
         f["train_module"] = _path_names(container["train_modules"])
         f["rollout_module"] = _path_names(container["rollout_modules"])
         f["role"] = container["role"]
         ev_info["suspect_pair"] = _mini(m)
         ev_info["container_pair"] = container["pid"]
-    expected = [o["module"] for o in between if o["expected"]]
+    expected = [o["module"] for o in s.between if o["expected"]]
     f["side_reason"] = ("the difference arises between aligned modules, inside computation both sides do "
                         + (f"(one-sided by design: {', '.join(expected)})" if expected else "inline")
                         + "; compare its configuration on both sides to decide")
-    return f
+
+
+def _decide_split(s: Suspect, f: dict, ev_info: dict) -> None:
+    """A fused product agrees, its parts after the split do not: the row order of the fused weight
+    does not fit the split that side's code applies (references: "Fused split")."""
+    _window(s, ev_info)
+    prev, split = s.prev, s.split_boundary
+    f.update(train_module=_path_names(prev["train_modules"]), rollout_module=_path_names(prev["rollout_modules"]),
+             layer=prev["layer"], role=prev["role"])
+    ev_info["suspect_pair"] = _mini(s.m)
+    ev_info["split_boundary"] = split
+    layout = _layout_side(s.ev, split["cid"])
+    if layout:
+        side, name = layout
+        f["side"] = side
+        f["side_reason"] = (f"the {side} side splits {split['point']} in its own row layout ({name}), the other "
+                            f"side in the plain order a Hugging Face checkpoint holds; a {side} weight converted "
+                            f"without reordering its rows into that layout gives the wrong parts under the split "
+                            f"while the fused product still agrees")
+    else:
+        f["side_reason"] = ("the fused product agrees and its parts do not: one side's weight rows are in an "
+                            "order its split does not expect; compare each with the checkpoint to decide")
+
+
+def _common_parent(a: list[str], b: list[str]) -> str | None:
+    """The module enclosing both paths' forward calls (a ModuleList and its index are skipped:
+    a list has no forward of its own)."""
+    if not a or not b:
+        return None
+    x, y = a[0].split("."), b[0].split(".")
+    n = 0
+    while n < min(len(x), len(y)) - 1 and x[n] == y[n]:
+        n += 1
+    common = x[:n]
+    if n < len(x) and n < len(y) and x[n].isdigit() and y[n].isdigit() and common:
+        common = common[:-1]        # two entries of one ModuleList: the op is in its owner
+    return ".".join(common) or None
+
+
+def _decide_inline_op(s: Suspect, f: dict, ev_info: dict) -> None:
+    """Rule 6: an op with no module of its own changes the stream between two aligned modules."""
+    _window(s, ev_info)
+    prev, m = s.start, s.m
+    parents = {side: _common_parent(prev[f"{side}_modules"], m[f"{side}_modules"]) for side in ("train", "rollout")}
+    where = " / ".join(f"{p} ({side})" for side, p in parents.items() if p) or "the model's forward"
+    ev_info["suspect_pair"] = _mini(m)
+    ev_info["inline_in"] = parents
+    f["op_module"] = None
+    f["side_reason"] = (f"no dumped module: the op is inline in {where}. The output of {_path_names(prev['train_modules'])}"
+                        f" / {_path_names(prev['rollout_modules'])} agrees, the input of "
+                        f"{_path_names(m['train_modules'])} / {_path_names(m['rollout_modules'])} does not, and "
+                        f"nothing is dumped between: one side computes something more or less in that forward "
+                        f"(a scale, a residual add, a cast); which side the dumps cannot say")
+
+
+_DECIDE = {
+    "inline_op_between": _decide_inline_op,
+    "fused_split_differs": _decide_split,
+    "parameters_differ": _decide_parameters,
+    "precision_boundary": _decide_precision,
+    "extra_op_before_observer": _decide_op_before_observer,
+    "unobserved_weight_uncorrelated": _decide_unobserved_weight,
+    "origin_in_module": _decide_origin,
+    "extra_op_between": _decide_op_between,
+    "impl_in_container": _decide_between,
+    "impl_inline": _decide_between,
+}
 
 
 def _pick_op(between: list[dict]) -> dict | None:
-    """The unexpected one-sided module to blame, activation-like ones first."""
-    unexplained = [o for o in between if not o["expected"]]
+    """The unexpected one-sided module to blame, activation-like ones first; a pass-through
+    module (its output is its input: output_2 ``pass_through``) is never an op."""
+    unexplained = [o for o in between if not o["expected"] and not o.get("pass_through")]
     return sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0] if unexplained else None
 
 
@@ -287,49 +566,25 @@ def _missing_or_extra(f: dict, ev_info: dict, op: dict, m: dict) -> dict:
     return f
 
 
-def confidence(ev: Evidence, f: dict, m: dict) -> tuple[float, list[str]]:
-    """Rule 5: a number in [0, 1] with the reasons that moved it."""
-    e, why = f["evidence"], []
-    cat = f["category"]
-    if cat == "parameter_or_checkpoint_issue":
-        c = 0.9 if m["input_status"] in CLEAN or m["input_status"] == "none" else 0.75
-    elif cat == "missing_or_extra_op_between_aligned_boundary":
-        c = 0.9 if e.get("activation_like_clue") else 0.75
-    elif e.get("precision_boundary"):
-        c = 0.7
-    elif e.get("inputs_inferred"):
-        c = 0.5
-    elif e.get("container_pair") or m["is_container"]:
-        c = 0.65
-    else:
-        c = 0.8
-    margin = e.get("output_error_margin")
-    if margin is not None and margin < 2 and not e.get("precision_boundary"):
-        c -= 0.15
-        why.append("output differs only slightly beyond tolerance")
-    reach = reaches_output(ev)
-    if reach is False and m["role"] not in ("lm_head", "logits", "final_norm"):
-        c -= 0.2
-        why.append("the divergence does not reach the model output (internal mismatch only)")
-    if realigns(ev, m):
-        if m["kind"] in FUSED_KINDS or e.get("permuted_fused_rows"):
-            why.append("later modules realign, explained by the fused boundary")
-        else:
-            c -= 0.25
-            why.append("later neighbouring modules realign without a boundary explanation")
-    return credence.clamp(c), why
+def confidence(s: Suspect, f: dict) -> tuple[float, list[str]]:
+    """The base score of the rule that classified the suspect plus the adjustments that hold
+    (rules.ADJUSTMENTS); adds their ids to ``rules_fired`` and returns (score, notes)."""
+    adj = rules.adjustments(s)
+    f["rules_fired"] = f["rules_fired"] + [a.id for a in adj]
+    c = rules.by_id(s.rule).base + sum(a.delta for a in adj)
+    return credence.clamp(c), [a.note for a in adj]
 
 
-def screen(ev: Evidence, m: dict) -> str | None:
-    """Rule 2: a structural reason to drop a candidate, or None to keep it."""
-    if m["kind"] in FUSED_KINDS and m["status"] != "parameter_mismatch" and not _permuted_parts(ev, m) \
-            and realigns(ev, m) and not m["dtype_boundary"]:
-        return (f"{m['kind']} pair ({m['note'] or 'fused vs unfused'}): its mismatch vanishes in the next "
-                f"aligned modules, the signature of a layout difference rather than a fault")
-    outs = _results(ev, m, "out")
-    if outs and all(r["status"] == "structural" for r in outs):
-        return "; ".join(sorted({r.get("reason") or "structural" for r in outs}))
-    return None
+def screen(s: Suspect) -> tuple[str, str] | None:
+    """A structural reason to drop a candidate as (screen id, reason), or None to keep it."""
+    row = rules.first_screen(s)
+    if row is None:
+        return None
+    m = s.m
+    if row.id == "fused_mismatch_realigns":
+        return row.id, (f"{m['kind']} pair ({m['note'] or 'fused vs unfused'}): its mismatch vanishes in the next "
+                        f"aligned modules, the signature of a layout difference rather than a fault")
+    return row.id, "; ".join(sorted({r.get("reason") or "structural" for r in _results(s.ev, m, "out")}))
 
 
 def structural_records(ev: Evidence) -> list[dict]:
@@ -397,26 +652,31 @@ def run(ev: Evidence) -> Triage:
         return tri
     found: list[tuple[dict, dict]] = []
     for m in candidates(ev):
-        reason = screen(ev, m)
-        if reason:
+        s = Suspect(ev, m)
+        dropped = screen(s)
+        if dropped:
             tri.suppressed.append({"train_module": _path_names(m["train_modules"]),
                                    "rollout_module": _path_names(m["rollout_modules"]),
-                                   "values": "different", "reason": reason})
+                                   "values": "different", "reason": dropped[1], "rules_fired": [dropped[0]]})
             continue
-        f = classify(ev, m)
+        f = classify(s)
         fixes = sides.decide(ev, f, m)
-        if found and m["input_status"] in DIVERGED and f["category"] != "parameter_or_checkpoint_issue":
-            # Behind an accepted root cause, diverged inputs are most simply its propagation.
-            f["category"] = "upstream_propagation"
+        if found and rules.PROPAGATION.condition(s) and f["category"] != "parameter_or_checkpoint_issue":
+            f["category"] = rules.PROPAGATION.category
             f["side"] = "both"
-        f["confidence"], f["confidence_notes"] = confidence(ev, f, m)
-        f["confidence_word"] = credence.word(f["confidence"])
+            f["rules_fired"] = f["rules_fired"] + [rules.PROPAGATION.id]
+        f["confidence"], f["confidence_notes"] = confidence(s, f)
+        f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
         f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
         f["next_checks"] = fixes + f["next_checks"]
         if f["category"] == "upstream_propagation":
             tri.other_candidates.append(f)
         else:
             found.append((f, m))
+    if not found:
+        entry = _before_range(ev, comp)
+        if entry is not None:
+            found.append(entry)
     _propagation_examples(ev, tri, found)
     share = tri.precision["dtype_differs_share"]
     precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
@@ -437,6 +697,33 @@ def run(ev: Evidence) -> Triage:
         tri.verdict = "inconclusive"
     _drop_reported(tri)
     return tri
+
+
+def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
+    """Rule 3: the first dumped aligned module already receives diverged inputs, so the cause lies
+    before the dumped range; the finding sits at that entry point and says what to dump next."""
+    entry = next((m for m in ev.modules if not m["is_container"] and m["input_status"] in CLEAN + DIVERGED), None)
+    if entry is None:
+        return None
+    s = Suspect(ev, entry)
+    if not rules.BEFORE_RANGE.condition(s):
+        return None
+    s.rule = rules.BEFORE_RANGE.id
+    tokens = comp.get("tokens") or {}
+    f = {"category": rules.BEFORE_RANGE.category, "side": "undetermined",
+         "train_module": _path_names(entry["train_modules"]), "rollout_module": _path_names(entry["rollout_modules"]),
+         "layer": entry["layer"], "role": entry["role"], "rules_fired": [rules.BEFORE_RANGE.id],
+         "side_reason": ("the first aligned modules in the dump already receive inputs that differ, so the cause "
+                         "lies before the dumped range; the dumps cannot say which side"),
+         "evidence": {"pair": entry["pid"], "status": entry["status"], "input_status": entry["input_status"],
+                      "parameter_status": entry["parameter_status"], "output_status": entry["output_status"],
+                      "differing_points": [p["point"] for p in entry["points"]["in"] if p["status"] in DIVERGED],
+                      "before_dumped_range": True, "tokens_verified": bool(tokens.get("verified")),
+                      "tokens_how": tokens.get("how")}}
+    f["confidence"], f["confidence_notes"] = confidence(s, f)
+    f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
+    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+    return f, entry
 
 
 def _any_drift(ev: Evidence) -> bool:
@@ -460,8 +747,10 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
             tri.other_candidates.append({
                 "category": "upstream_propagation", "side": "both",
                 "train_module": _path_names(x["train_modules"]), "rollout_module": _path_names(x["rollout_modules"]),
-                "layer": x["layer"], "role": x["role"], "confidence": 0.9,
-                "confidence_word": credence.word(0.9),
+                "layer": x["layer"], "role": x["role"], "confidence": rules.PROPAGATION_EXAMPLE.base,
+                "confidence_word": credence.calibrated_word(rules.PROPAGATION_EXAMPLE.base,
+                                                            [rules.PROPAGATION_EXAMPLE.id]),
+                "rules_fired": [rules.PROPAGATION_EXAMPLE.id],
                 "evidence": {"pair": x["pid"], "input_status": x["input_status"],
                              "parameter_status": x["parameter_status"], "output_status": x["output_status"],
                              "explained_by": f["evidence"]["pair"]}})
