@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict:
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
     sources = {s: D.source_info(dumps[s], fams[s], inputs.side(s), layouts[s]) for s in dumps}
-    sources["input_plan"] = inputs.to_json()
+    sources["input_plan"] = plan_doc = inputs.to_json()
     partial = any(sources[s]["partial"] for s in SIDES)
     out.mkdir(parents=True, exist_ok=True)
     doc1, (h1, r1) = D.output_1(sources, recs)
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
                                 {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None)
     doc3["replays"] = replays
     layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
-    evidence = inputs.to_json()["tokens"]
+    evidence = plan_doc["tokens"]
     comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})
     doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
     for doc in (doc1, doc2, doc3, doc4):
