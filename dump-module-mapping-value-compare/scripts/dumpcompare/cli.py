@@ -195,7 +195,7 @@ def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):
     layout = rank_relation([frozenset(e.raw_path for e in d.entries if e.kind == "module") for d in per_rank],
                            [layer_numbers(d) for d in per_rank],
                            [any(f.tokens is not None for f in (st.files[r] for st in side.steps))
-                            for r in range(side.n_ranks)], side.arg)
+                            for r in range(side.n_ranks)], side.arg, side.side)
     # The token count tells a sequence-parallel slice from a feature shard (unshard.merge_rule).
     tokens = next((f.tokens.numel for st in side.steps for f in st.files if f.tokens is not None), None)
     rules = {**(namer.p.get("tensor_parallel", {}) or {}), "tokens": tokens if len(side.steps) == 1 else None}

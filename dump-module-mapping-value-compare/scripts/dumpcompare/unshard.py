@@ -151,7 +151,8 @@ class RankLayout:
     offsets: tuple[int, ...]
 
 
-def rank_relation(modules: list[frozenset], layers: list[set], has_tokens: list[bool], where: str) -> RankLayout:
+def rank_relation(modules: list[frozenset], layers: list[set], has_tokens: list[bool], where: str,
+                  side: str = "<side>") -> RankLayout:
     """Decide from their content how ranks relate (pure; references/input_formats.md).
 
     Ranks holding the same modules are tensor-parallel shards (or replicas) of one model. Ranks
@@ -170,11 +171,12 @@ def rank_relation(modules: list[frozenset], layers: list[set], has_tokens: list[
         return RankLayout("tensor_parallel", tuple(stages), (0,))
     sizes = {len(g) for g in stages}
     first_has_tokens = any(has_tokens[i] for i in stages[0])
-    if len(sizes) != 1 or not first_has_tokens:
+    # A pipeline stage runs layers; a rank with no module (an API-level dump) is none.
+    if len(sizes) != 1 or not first_has_tokens or any(not layers[g[0]] for g in stages):
         listing = "; ".join(f"ranks {','.join(map(str, g))}: {len(modules[g[0]])} modules, layers "
                             f"{_span(layers[g[0]])}" for g in stages)
         raise InputError(f"{where}: the ranks hold different modules but are not pipeline stages of one model "
-                         f"({listing}); choose one rank with --<side>-rank")
+                         f"({listing}); choose one rank with --{side}-rank")
     stage_layers = [layers[g[0]] for g in stages]
     overlap = any(stage_layers[i] & stage_layers[j] for i in range(len(stages)) for j in range(i))
     offsets, total = [], 0
