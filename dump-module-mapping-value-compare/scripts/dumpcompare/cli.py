@@ -226,8 +226,14 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
     def p(line: str) -> None:
         # Names come from the dumps: no escape sequence of theirs reaches the terminal.
         print(visible(line))
-    p(f"train:   {sources['train']['path']} ({sources['train']['family']}, {s['train_modules']} forward modules)")
-    p(f"rollout: {sources['rollout']['path']} ({sources['rollout']['family']}, {s['rollout_modules']} forward modules)")
+    for side, label in (("train", "train:  "), ("rollout", "rollout:")):
+        src = sources[side]
+        more = len(src["files"]) - 1
+        layout = (src.get("rank_layout") or {}).get("kind")
+        extra = (f"; +{more} more file(s): steps {', '.join(map(str, src['steps']))}, ranks "
+                 f"{', '.join(map(str, src['ranks']))}" + (f" ({layout})" if layout and layout != "single" else "")
+                 if more else "")
+        p(f"{label} {src['path']} ({src['family']}, {s[f'{side}_modules']} forward modules{extra})")
     for side in ("train", "rollout"):
         sal = sources[side]["salvage"]
         if sal:
