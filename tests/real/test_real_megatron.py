@@ -79,12 +79,14 @@ def test_corpus_has_every_megatron_layout():
     assert {c["case"] for c in map(case_doc, CASES) if c["dtype"]["train"] == "bf16" and c["train"]["wrappers"]}
     assert {c["train"]["tp"] for c in map(case_doc, CASES) if c["train"]["padded_vocab"]} == {1, 2}
     assert any(c["rollout"]["steps"] > 1 for c in map(case_doc, CASES))
+    assert any(c["train"].get("vp", 1) > 1 and c["fault"] for c in map(case_doc, CASES)), "a virtual pipeline"
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_train_dump_is_megatrons(name):
     case = case_doc(name)
     tp, pp, sp = case["train"]["tp"], case["train"]["pp"], case["train"]["sequence_parallel"]
+    vp, n_layers = case["train"].get("vp", 1), case["train"].get("layers", 2)
     assert sorted(p.name for p in (CORPUS / name / "train").iterdir()) == ["step0"], "one train forward"
     ranks = sorted(p.name for p in (CORPUS / name / "train" / "step0").iterdir())
     assert ranks == [f"rank{r}" for r in range(tp * pp)]
@@ -105,9 +107,14 @@ def test_train_dump_is_megatrons(name):
                 # vocab-parallel logits, Megatron-LM's padding rows included
                 assert _first_leaf(entry["output"])["shape"] == [tokens, 1, vocab_rows // tp]
                 assert entry["parameters"]["weight"]["shape"] == [vocab_rows // tp, hidden]
-        want = dict(MEGATRON_TREE)
-        for path in (_FIRST_STAGE if stage > 0 else set()) | (_LAST_STAGE if stage < pp - 1 else set()):
-            del want[path]
+        want = {}
+        for chunk in range(vp):
+            tree = dict(MEGATRON_TREE)
+            first, last = stage == 0 and chunk == 0, stage == pp - 1 and chunk == vp - 1
+            for path in (_FIRST_STAGE if not first else set()) | (_LAST_STAGE if not last else set()):
+                del tree[path]
+            # a virtual pipeline's chunks: msprobe, started on the list, names each by its index
+            want.update({f"{chunk}.{p}" if vp > 1 else p: c for p, c in tree.items()})
         if case["train"].get("wrappers"):
             # Megatron-LM's [DDP(Float16Module(GPTModel))]: msprobe, started on the list, dumps the
             # inner modules under the list index and both wrapper levels
@@ -115,7 +122,7 @@ def test_train_dump_is_megatrons(name):
                     **{f"0.module.module.{p}": c for p, c in want.items()}}
         assert seen == want, f"rank {r}"
         layers = {int(k.split("decoder.layers.")[1].split(".")[0]) for k in data if "decoder.layers." in k}
-        assert layers == set(range(2 // pp)), f"rank {r}: each stage numbers its layers from 0"
+        assert layers == set(range(n_layers // pp // vp)), f"rank {r}: each stage (chunk) numbers its layers from 0"
 
 
 @pytest.fixture(scope="session")

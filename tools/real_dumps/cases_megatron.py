@@ -52,6 +52,7 @@ class MegatronCase:
     new_tokens: int = 1  # rollout forwards: the prefill, then one per decoded token
     vocab: int = HF_CONFIG["vocab_size"]
     pad_vocab: bool = False  # as Megatron-LM does (vLLM pads to a multiple of 64 in any case)
+    layers: int = HF_CONFIG["num_hidden_layers"]
 
     @property
     def padded_vocab(self) -> int | None:
@@ -60,7 +61,7 @@ class MegatronCase:
     def summary(self) -> str:
         """One line for ``make_real_dumps.py --list``."""
         lay = self.layout
-        return (f"megatron tp={lay.tp} pp={lay.pp}{' sp' if lay.sp else ''} {self.mode} {self.dtype} "
+        return (f"megatron tp={lay.tp} pp={lay.pp}{f' vp={lay.vp}' if lay.vp > 1 else ''}{' sp' if lay.sp else ''} {self.mode} {self.dtype} "
                 f"rollout tp={self.rollout_tp} steps={self.new_tokens}")
 
     @property
@@ -108,7 +109,16 @@ _FC1_WRONG_SHARD = _fault(
     ["decoder.layers.1.mlp.linear_fc1"], ["model.layers.1.mlp.gate_up_proj"], rank=1, layer=1,
     from_rank=0)
 
-_TP2, _SP, _PP2 = Layout(tp=2), Layout(tp=2, sp=True), Layout(pp=2)
+# Chunk 1 of pipeline rank 0 holds layer 2 as its local ``decoder.layers.0``: the dump names it
+# ``1.module...decoder.layers.0`` (msprobe is started on the list of chunks).
+_FC1_STALE_VP = _fault(
+    "train", "stale_weight", "decoder.layers.2.mlp.linear_fc1",
+    "train side loaded layer 2 gate_proj and up_proj (fused into linear_fc1; virtual-pipeline chunk 1 "
+    "of pipeline rank 0) from an older step",
+    ["decoder.layers.2.mlp.linear_fc1"], ["model.layers.2.mlp.gate_up_proj"],
+    params=("model.layers.2.mlp.gate_proj.weight", "model.layers.2.mlp.up_proj.weight"))
+
+_TP2, _SP, _PP2, _VP = Layout(tp=2), Layout(tp=2, sp=True), Layout(pp=2), Layout(pp=2, vp=2)
 
 CASES = {c.name: c for c in [
     MegatronCase("megatron_tp1_clean"),
@@ -135,6 +145,9 @@ CASES = {c.name: c for c in [
     # a generation: the train forward holds prompt + sampled tokens, the rollout one step per forward
     MegatronCase("megatron_tp1_gen_clean", new_tokens=4),
     MegatronCase("megatron_tp1_gen_o_proj_stale_rollout", new_tokens=4, fault=_O_PROJ_STALE),
+    # virtual pipeline: 4 layers, 2 pipeline ranks x 2 chunks of one layer each
+    MegatronCase("megatron_pp2_vp2_clean", _VP, layers=4),
+    MegatronCase("megatron_pp2_vp2_fc1_stale_train", _VP, layers=4, fault=_FC1_STALE_VP),
 ]}
 
 
@@ -181,7 +194,7 @@ def measure(case, scratch):
     train = _load_ranks(scratch, "train", range(world), "clean")
     rollout = _load_ranks(scratch, "rollout", range(case.rollout_tp), "clean")
     noise, where = 0.0, None
-    for mg, vl in _aligned(HF_CONFIG["num_hidden_layers"]).items():
+    for mg, vl in _aligned(case.layers).items():
         t, r = train.get(mg), rollout.get(vl)
         if t is None or r is None:
             continue
@@ -225,14 +238,17 @@ def describe(case, measured):
     return {
         "schema": 1, "case": case.name, "family": "llama", "mode": case.mode,
         "dtype": {"train": case.dtype, "rollout": case.dtype},
-        "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "sequence_parallel": lay.sp,
+        "train": {"engine": "megatron-core", "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "sequence_parallel": lay.sp,
+                  "layers": case.layers,
                   "layout": "megatron", "vocab": case.vocab, "padded_vocab": case.padded_vocab,
                   "tokens": PROMPT_LEN + case.new_tokens - 1,
                   "wrappers": "[DistributedDataParallel(Float16Module(GPTModel))], the list given to "
                               "msprobe" if case.dtype == "bf16" else None,
                   "notes": "GPTModel, local layer spec, one forward of the prompt and the sampled tokens "
                            "but the last ([s, b, h]); "
-                           "rank r = pp_rank * tp + tp_rank"},
+                           "rank r = pp_rank * tp + tp_rank"
+                           + ("; each rank holds model chunks 0.. (virtual pipeline), msprobe started on "
+                              "the list" if lay.vp > 1 else "")},
         "rollout": {"engine": "vllm_like", "tp": case.rollout_tp, "steps": case.new_tokens,
                     "notes": "prefill step0, then one step per decoded token" if case.new_tokens > 1
                     else "prefill only (step0)"},
@@ -261,7 +277,7 @@ def make_case(case, root):
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    clean = megatron_side.model_state(megatron_side.make_hf_llama(vocab_size=case.vocab))
+    clean = megatron_side.model_state(megatron_side.make_hf_llama(vocab_size=case.vocab, layers=case.layers))
     train_state, rollout_state = _states(case, clean)
     prompt = torch.randint(3, case.vocab, (PROMPT_LEN,),
                            generator=torch.Generator().manual_seed(42))

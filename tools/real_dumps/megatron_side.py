@@ -40,15 +40,19 @@ data iterator and add nothing a forward-only dump shows.
 
 Public API:
     HF_CONFIG                                  the tiny Llama config (dict for LlamaConfig)
-    hf_config(vocab_size) -> LlamaConfig
-    make_hf_llama(seed, vocab_size) -> LlamaForCausalLM   fp32, eval mode, fixed seed
+    hf_config(vocab_size, layers) -> LlamaConfig
+    make_hf_llama(seed, vocab_size, layers) -> LlamaForCausalLM   fp32, eval mode, fixed seed
+    num_layers(hf_state) -> int                the decoder layers an HF state dict holds
     megatron_lm_padded_vocab(vocab, tp) -> int  the vocabulary Megatron-LM builds for ``vocab``
-    Layout(tp, pp, sp)                         one job layout; ``world`` = tp * pp
+    Layout(tp, pp, sp, vp)                     one job layout; ``world`` = tp * pp; ``vp`` model
+                                               chunks per pipeline rank (virtual pipeline)
     Conversion(qkv_order, wrong_gate_shard, padded_vocab)   how HF weights become Megatron's
     convert(hf_state, cfg, tp_rank, tp, layers, pre, post, conversion) -> state dict
     init_parallel(layout)                      Megatron's parallel state on the gloo world
-    build_stage(layout, hf_state, conversion) -> GPTModel of this process's rank
+    build_stage(layout, hf_state, conversion, vp_stage) -> GPTModel of this rank (one chunk)
+    build_chunks(layout, hf_state, conversion) -> [GPTModel]   this rank's model chunks
     stage_forward(layout, model, input_ids) -> logits on the last stage (vocab shard), else None
+    chunks_forward(layout, chunks, input_ids)  the same through virtual-pipeline chunks
     gather_logits(layout, logits) -> full-vocab logits [b, s, v] (TP all-gather, for checking)
     check_against_hf(layout, hf_state, ids)    the conversion check (fp32 logits equal HF's)
     as_megatron_lm(model) -> [DDP(Float16Module(model))]   the bf16 training wrappers
@@ -97,17 +101,23 @@ class Layout:
     tp: int = 1
     pp: int = 1
     sp: bool = False
+    vp: int = 1
 
     @property
     def world(self) -> int:
         return self.tp * self.pp
 
 
-def hf_config(vocab_size: int = HF_CONFIG["vocab_size"]):
+def hf_config(vocab_size: int = HF_CONFIG["vocab_size"], layers: int = HF_CONFIG["num_hidden_layers"]):
     """The tiny Llama config as a ``transformers.LlamaConfig``."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(**{**HF_CONFIG, "vocab_size": vocab_size})
+    return LlamaConfig(**{**HF_CONFIG, "vocab_size": vocab_size, "num_hidden_layers": layers})
+
+
+def num_layers(hf_state) -> int:
+    """The number of decoder layers an HF Llama state dict holds."""
+    return 1 + max(int(k.split(".")[2]) for k in hf_state if k.startswith("model.layers."))
 
 
 def megatron_lm_padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
@@ -121,7 +131,8 @@ def _vocab(hf_state) -> int:
     return hf_state["model.embed_tokens.weight"].shape[0]
 
 
-def make_hf_llama(seed: int = 0, vocab_size: int = HF_CONFIG["vocab_size"]):
+def make_hf_llama(seed: int = 0, vocab_size: int = HF_CONFIG["vocab_size"],
+                  layers: int = HF_CONFIG["num_hidden_layers"]):
     """The tiny HF Llama every Megatron case converts from (fp32, eval, weights from ``seed``).
 
     Weights are redrawn with std 0.1 (the default 0.02 leaves activations near 1e-3 after two
@@ -130,7 +141,7 @@ def make_hf_llama(seed: int = 0, vocab_size: int = HF_CONFIG["vocab_size"]):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_config(vocab_size)).eval()
+    model = LlamaForCausalLM(hf_config(vocab_size, layers)).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -239,7 +250,7 @@ def _layer_spec(layout: Layout, cfg):
         return spec
     layer = dataclasses.replace(spec, submodules=dataclasses.replace(
         spec.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
-    return TransformerBlockSubmodules(layer_specs=[layer] * (cfg["num_hidden_layers"] // layout.pp),
+    return TransformerBlockSubmodules(layer_specs=[layer] * (cfg["num_hidden_layers"] // layout.pp // layout.vp),
                                       layer_norm=RMSNorm)
 
 
@@ -253,6 +264,7 @@ def _transformer_config(layout: Layout, cfg):
         layernorm_epsilon=cfg["rms_norm_eps"], gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vp if layout.vp > 1 else None,
         sequence_parallel=layout.sp, params_dtype=torch.float32, pipeline_dtype=torch.float32,
         use_cpu_initialization=True, bias_activation_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
@@ -264,42 +276,56 @@ def init_parallel(layout: Layout) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=layout.tp,
-                                             pipeline_model_parallel_size=layout.pp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vp if layout.vp > 1 else None)
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
-def stage_layers(layout: Layout) -> range:
-    """The global layer numbers this process's pipeline stage holds."""
+def stage_layers(layout: Layout, layers: int = HF_CONFIG["num_hidden_layers"], vp_stage: int | None = None) -> range:
+    """The global layer numbers this process's pipeline stage (its chunk ``vp_stage``) holds.
+
+    With a virtual pipeline, chunk c of pipeline rank p starts at c * layers / vp + p * layers /
+    (vp * pp) (megatron-core's ``get_transformer_layer_offset`` for uniform stages)."""
     from megatron.core import parallel_state
 
-    per_stage = HF_CONFIG["num_hidden_layers"] // layout.pp
-    first = parallel_state.get_pipeline_model_parallel_rank() * per_stage
-    return range(first, first + per_stage)
+    per_chunk = layers // layout.pp // layout.vp
+    first = (vp_stage or 0) * (layers // layout.vp) + parallel_state.get_pipeline_model_parallel_rank() * per_chunk
+    return range(first, first + per_chunk)
 
 
-def build_stage(layout: Layout, hf_state, conversion=Conversion()):
-    """The GPTModel of this process's rank (eval mode), loaded from the HF state dict."""
+def build_stage(layout: Layout, hf_state, conversion=Conversion(), vp_stage: int | None = None):
+    """The GPTModel of this process's rank (chunk ``vp_stage`` of it, eval mode), loaded from the
+    HF state dict."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    cfg = HF_CONFIG
+    cfg = {**HF_CONFIG, "num_hidden_layers": num_layers(hf_state)}
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    pre, post = pp_rank == 0, pp_rank == layout.pp - 1
+    chunk = vp_stage or 0
+    pre, post = pp_rank == 0 and chunk == 0, pp_rank == layout.pp - 1 and chunk == layout.vp - 1
     with cpu_device():
         model = GPTModel(_transformer_config(layout, cfg), _layer_spec(layout, cfg),
                          vocab_size=conversion.padded_vocab or _vocab(hf_state),
                          max_sequence_length=cfg["max_position_embeddings"],
                          pre_process=pre, post_process=post,
                          share_embeddings_and_output_weights=False,
-                         position_embedding_type="rope", rotary_base=int(cfg["rope_theta"]))
+                         position_embedding_type="rope", rotary_base=int(cfg["rope_theta"]),
+                         vp_stage=vp_stage)
     state = convert(hf_state, cfg, parallel_state.get_tensor_model_parallel_rank(), layout.tp,
-                    stage_layers(layout), pre, post, conversion)
+                    stage_layers(layout, cfg["num_hidden_layers"], vp_stage), pre, post, conversion)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
         raise RuntimeError(f"conversion mismatch: missing {missing}, unexpected {unexpected}")
     return model.eval()
+
+
+def build_chunks(layout: Layout, hf_state, conversion=Conversion()):
+    """This rank's model chunks: one GPTModel, or ``layout.vp`` of them under a virtual pipeline."""
+    if layout.vp == 1:
+        return [build_stage(layout, hf_state, conversion)]
+    return [build_stage(layout, hf_state, conversion, c) for c in range(layout.vp)]
 
 
 def model_state(hf_model):
@@ -330,6 +356,37 @@ def stage_forward(layout: Layout, model, input_ids):
             comm.send_forward(out, is_last_stage=False)
             return None
     return out
+
+
+def chunks_forward(layout: Layout, chunks, input_ids):
+    """One forward through this rank's model chunks in the interleaved order: chunk c of every
+    stage before chunk c + 1 of the first, the last stage's chunk c feeding the first stage's
+    chunk c + 1 (what the interleaved schedule does for one micro-batch).  Activations go rank to
+    rank with plain send/recv.  Returns the logits shard on the last stage, None elsewhere."""
+    if layout.vp == 1:
+        return stage_forward(layout, chunks[0], input_ids)
+    from megatron.core import parallel_state
+
+    b, s = input_ids.shape
+    positions = torch.arange(s).unsqueeze(0).expand(b, s)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    prev = parallel_state.get_pipeline_model_parallel_prev_rank()
+    nxt = parallel_state.get_pipeline_model_parallel_next_rank()
+    shape = (s // layout.tp if layout.sp else s, b, HF_CONFIG["hidden_size"])
+    out = None
+    with cpu_device(), torch.no_grad():
+        for c, model in enumerate(chunks):
+            first = c == 0 and pp_rank == 0
+            last = c == layout.vp - 1 and pp_rank == layout.pp - 1
+            if not first:
+                received = torch.empty(shape)
+                torch.distributed.recv(received, src=prev)
+                model.set_input_tensor(received)
+            out = model(input_ids if first else None, positions, mask)
+            if not last:
+                torch.distributed.send(out.contiguous(), dst=nxt)
+    return out if pp_rank == layout.pp - 1 else None
 
 
 def _communicator(model):
@@ -377,11 +434,11 @@ def check_against_hf(layout, hf_state, ids, padded_vocab=None, tolerance=1e-5):
     (on the last stage, padding rows left out; every rank takes part in the forward)."""
     from transformers import LlamaForCausalLM
 
-    logits = stage_forward(layout, build_stage(layout, hf_state, Conversion(padded_vocab=padded_vocab)), ids)
+    logits = chunks_forward(layout, build_chunks(layout, hf_state, Conversion(padded_vocab=padded_vocab)), ids)
     if logits is None:
         return
     full = gather_logits(layout, logits)[..., :_vocab(hf_state)]
-    hf = LlamaForCausalLM(hf_config(_vocab(hf_state))).eval()
+    hf = LlamaForCausalLM(hf_config(_vocab(hf_state), num_layers(hf_state))).eval()
     hf.load_state_dict(hf_state)
     with torch.no_grad():
         err = float((full - hf(input_ids=ids).logits).abs().max())
@@ -415,18 +472,26 @@ def train_rank(layout, mode, dtype, conversion, state, clean_state, ids, out, sc
     init_parallel(layout)
     try:
         check_against_hf(layout, clean_state, ids, conversion.padded_vocab)
-        layers = stage_layers(layout)
+        total = num_layers(clean_state)
 
         def run(weights, conv, probe=None):
-            model = build_stage(layout, weights, conv)
-            started = as_megatron_lm(model) if dtype == "bf16" else model
-            outer = started[0] if dtype == "bf16" else model
-            cap = Capture(model)
+            chunks = build_chunks(layout, weights, conv)
+            if dtype == "bf16":
+                started = [w for m in chunks for w in as_megatron_lm(m)]
+                outer = started
+            else:  # a virtual pipeline is a list of chunks to msprobe (names gain the list index)
+                started = chunks if layout.vp > 1 else chunks[0]
+                outer = chunks
+            caps = [Capture(m) for m in chunks]
             if probe:
-                probe.forward(started, lambda: stage_forward(layout, outer, ids))
+                probe.forward(started, lambda: chunks_forward(layout, outer, ids))
             else:
-                stage_forward(layout, outer, ids)
-            return {global_name(k, layers): v for k, v in cap.stop().items()}
+                chunks_forward(layout, outer, ids)
+            out = {}
+            for c, cap in enumerate(caps):
+                layers = stage_layers(layout, total, c if layout.vp > 1 else None)
+                out.update({global_name(k, layers): v for k, v in cap.stop().items()})
+            return out
 
         caps = {"dumped": run(state, conversion, _probe(out, mode))}
         caps["clean"] = run(clean_state, Conversion(padded_vocab=conversion.padded_vocab))
@@ -448,7 +513,7 @@ def rollout_rank(mode, dtype, state, clean_state, prompt, new_tokens, out, scrat
 
     def run(weights, probe=None, steps=1):
         opts = {"rms_kernel": "fused"} if dtype == "bf16" else {}
-        model = vllm_like.build(hf_config(_vocab(weights)), torch.bfloat16 if dtype == "bf16" else torch.float32, **opts)
+        model = vllm_like.build(hf_config(_vocab(weights), num_layers(weights)), torch.bfloat16 if dtype == "bf16" else torch.float32, **opts)
         model.load_weights(weights)
         cap = Capture(model)
         tokens = vllm_like.generate(model, prompt, steps, probe.step_scope(model) if probe else None)

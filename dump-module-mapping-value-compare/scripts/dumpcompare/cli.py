@@ -17,7 +17,7 @@ from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
 from .loaders import FORMATS, load_input
 from .loaders.inputs import SidePlan, plan_inputs, survey
-from .loaders.joining import join_stages, join_steps, layer_numbers
+from .loaders.joining import join_stages, join_steps, layer_numbers, split_chunks
 from .loaders.parallel import default_jobs, input_size, load_files
 from .mapping import build_plan
 from .naming import Namer, load_profiles, name_side
@@ -192,10 +192,18 @@ def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):
     merged as their content says (tensor-parallel shards, pipeline stages)."""
     per_rank = [join_steps([loaded[st.files[r].path] for st in side.steps], [st.step for st in side.steps])
                 for r in range(side.n_ranks)]
-    layout = rank_relation([frozenset(e.raw_path for e in d.entries if e.kind == "module") for d in per_rank],
+    # Under a virtual pipeline every rank holds several model chunks; each (chunk, rank) is a
+    # stage, run chunk-major (chunk c of every rank before chunk c + 1 of the first).
+    chunks = [split_chunks(d) for d in per_rank]
+    units = sorted(((c, r, d) for r, cs in enumerate(chunks) for c, d in cs), key=lambda u: (u[0], u[1]))
+    per_rank = [d for _c, _r, d in units]
+    layout = rank_relation([frozenset(f"{c}:{e.raw_path}" for e in d.entries if e.kind == "module")
+                            for c, _r, d in units],
                            [layer_numbers(d) for d in per_rank],
-                           [any(f.tokens is not None for f in (st.files[r] for st in side.steps))
-                            for r in range(side.n_ranks)], side.arg, side.side)
+                           [c == 0 and any(f.tokens is not None for f in (st.files[r] for st in side.steps))
+                            for c, r, _d in units], side.arg, side.side)
+    if len(units) != side.n_ranks:
+        layout = replace(layout, units=tuple((r, c) for c, r, _d in units))
     # The token count tells a sequence-parallel slice from a feature shard (unshard.merge_rule).
     tokens = next((f.tokens.numel for st in side.steps for f in st.files if f.tokens is not None), None)
     rules = {**(namer.p.get("tensor_parallel", {}) or {}), "tokens": tokens if len(side.steps) == 1 else None}
@@ -204,7 +212,8 @@ def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):
         ranks = [per_rank[r] for r in group]
         fam, recs = name_side(ranks[0], side.side, namer, family)
         stages.append(merge_ranks(ranks, recs, rules))
-    labels = [side.steps[0].files[g[0]].rank for g in layout.stages]
+    labels = [side.steps[0].files[units[g[0]][1]].rank if len(units) == side.n_ranks
+              else f"{side.steps[0].files[units[g[0]][1]].rank} chunk {units[g[0]][0]}" for g in layout.stages]
     dump = join_stages(stages, list(layout.offsets), labels)
     if side.notes:
         dump = replace(dump, notes=[*side.notes, *dump.notes])

@@ -28,7 +28,9 @@ def source_info(dump: Dump, family: str, plan=None, layout=None) -> dict:
         "steps": [st.step for st in plan.steps] if plan else [None],
         "ranks": [f.rank for f in plan.steps[0].files] if plan else [None],
         "rank_layout": None if layout is None else {"kind": layout.kind, "stages": [list(g) for g in layout.stages],
-                                                    "layer_offsets": list(layout.offsets)}, "format": dump.fmt, "task": dump.task, "level": dump.level,
+                                                    "layer_offsets": list(layout.offsets),
+                                                    **({"units": [list(u) for u in layout.units]} if layout.units else {})},
+        "format": dump.fmt, "task": dump.task, "level": dump.level,
         "framework": dump.framework, "family": family, "entries": len(dump.entries),
         "partial": sal is not None, "folded_calls": dump.folded,
         "salvage": None if sal is None else {

@@ -145,10 +145,12 @@ def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dum
 class RankLayout:
     """How the rank files of one step relate: ``stages`` lists, in pipeline order, the rank
     indices of each stage (the tensor-parallel group merged within it); ``offsets`` shift each
-    stage's layer numbers when stages number their layers from 0."""
+    stage's layer numbers when stages number their layers from 0. Under a virtual pipeline the
+    indices are of (rank, model chunk) units, listed in ``units``."""
     kind: str                              # single | tensor_parallel | pipeline | pipeline+tensor_parallel
     stages: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
+    units: tuple[tuple[int, int], ...] | None = None   # (rank index, chunk index) per index
 
 
 def rank_relation(modules: list[frozenset], layers: list[set], has_tokens: list[bool], where: str,

@@ -6,7 +6,10 @@ as calls 0..n of one dump they look exactly like an engine that dumps all calls 
 the prefill/decode stitching (tensor_parallel.md) compares them with the trainer's single forward.
 
 Pipeline stages each hold a range of layers; Megatron numbers a stage's layers from 0, so the
-stages are put one after the other with their layer numbers shifted (input_formats.md).
+stages are put one after the other with their layer numbers shifted (input_formats.md). Under a
+virtual pipeline each rank holds several model chunks, which msprobe names by their index in the
+list it was started on (``0.decoder.layers.0``, ``1.decoder.layers.0``); ``split_chunks`` makes
+each chunk a stage of its own.
 
 Neither function changes the dumps it is given: joined entries and leaves are new objects.
 """
@@ -18,6 +21,7 @@ from dataclasses import replace
 from ..records import BACKWARD, FORWARD, Dump, Entry, Leaf
 
 _LAYER_RE = re.compile(r"(^|\.)layers\.(\d+)(?=\.|$)")
+_CHUNK_RE = re.compile(r"^(\d+)\.")
 
 
 def _own_folder(leaves: list[Leaf], d: Dump, base: Dump) -> list[Leaf]:
@@ -53,6 +57,28 @@ def join_steps(dumps: list[Dump], labels: list) -> Dump:
             entries.append(e)
     return _joined(base, dumps, entries,
                    f"steps {', '.join(map(str, labels))} joined as calls 0..{len(dumps) - 1} of each module")
+
+
+def split_chunks(d: Dump) -> list[tuple[int, Dump]]:
+    """The model chunks of one rank's dump as ``(chunk index, dump)``, chunk index dropped from
+    the names; ``[(0, d)]`` when the dump holds one chunk (or none is named).
+
+    An entry with no chunk index of its own (an API call) goes with the module before it: it ran
+    inside that chunk's forward."""
+    chunks = {m.group(1) for e in d.entries if e.kind == "module" for m in [_CHUNK_RE.match(e.raw_path)] if m}
+    if len(chunks) < 2:
+        return [(0, d)]
+    parts: dict[int, list[Entry]] = {}
+    current = None
+    for e in d.entries:
+        m = _CHUNK_RE.match(e.raw_path) if e.kind == "module" else None
+        if m:
+            current = int(m.group(1))
+            prefix = m.group(0)
+            path = e.raw_path[len(prefix):]
+            e = replace(e, raw_path=path, key=e.key.replace(f".{prefix}", ".", 1))
+        parts.setdefault(current if current is not None else min(map(int, chunks)), []).append(e)
+    return [(c, replace(d, entries=[replace(e, order=i) for i, e in enumerate(es)])) for c, es in sorted(parts.items())]
 
 
 def layer_numbers(d: Dump) -> set[int]:
