@@ -14,7 +14,7 @@ import json
 import re
 
 import pytest
-from real.corpus_check import CORPUS, disagreements, run_default_command
+from real.corpus_check import CORPUS, disagreements, run_default_command, run_pair
 
 # megatron-core train sides have their own module tree and xfail table: tests/real/test_real_megatron.py
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
@@ -185,3 +185,16 @@ def test_every_fault_is_well_above_the_noise():
         case = _case(name)
         if case["fault"] is not None:
             assert case["measured"]["ratio"] == "inf" or case["measured"]["ratio"] >= 10, name
+
+
+def test_decode_steps_count_modules_once(tmp_path):
+    """A rollout dumped over a prefill and decode steps calls every module once per step; the
+    coverage counts modules, and the later calls are stitched, not one-sided modules."""
+    code, err, _doc = run_pair(CORPUS / "llama_gen_fp32_clean" / "train", CORPUS / "llama_gen_fp32_clean" / "rollout",
+                               tmp_path)
+    assert code == 0, err
+    s = json.loads((tmp_path / "output_2_mapping.json").read_text(encoding="utf-8"))["summary"]
+    steps = len(list((CORPUS / "llama_gen_fp32_clean" / "rollout").iterdir()))
+    assert steps > 1 and s["rollout_calls"] == steps * s["rollout_modules"]
+    assert s["stitched_calls"]["rollout"] == (steps - 1) * s["mapped_rollout_modules"]
+    assert s["rollout_only"] == s["rollout_modules"] - s["mapped_rollout_modules"] < s["rollout_modules"] // 2

@@ -242,7 +242,9 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
         extra = (f"; +{more} more file(s): steps {', '.join(map(str, src['steps']))}, ranks "
                  f"{', '.join(map(str, src['ranks']))}" + (f" ({layout})" if layout and layout != "single" else "")
                  if more else "")
-        p(f"{label} {src['path']} ({src['family']}, {s[f'{side}_modules']} forward modules{extra})")
+        calls = s.get(f"{side}_calls", 0)
+        calls = f" in {calls} calls" if calls > s[f"{side}_modules"] else ""
+        p(f"{label} {src['path']} ({src['family']}, {s[f'{side}_modules']} forward modules{calls}{extra})")
     for side in ("train", "rollout"):
         sal = sources[side]["salvage"]
         if sal:

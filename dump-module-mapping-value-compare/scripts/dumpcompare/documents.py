@@ -76,18 +76,25 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     """Mapping plan: pairs, one-sided modules, planned comparisons and the required summary."""
     recs = {"train": train, "rollout": rollout}
     fwd = {s: [r for r in rs if r.kind == "module" and r.direction == FORWARD] for s, rs in recs.items()}
-    mapped = {"train": {i for p in plan.pairs for i in p.train},
-              "rollout": {i for p in plan.pairs for i in p.rollout}}
-    one = {s: [o for o in plan.one_sided if o.side == s] for s in recs}
+    # Counts are of modules, not calls: the decode steps of a rollout call every module again, and
+    # a later call of a mapped module is stitched onto its call 0 (``stitched_calls``).
+    modules = {s: {r.path for r in rs} for s, rs in fwd.items()}
+    mapped = {"train": {train[i].path for p in plan.pairs for i in p.train},
+              "rollout": {rollout[i].path for p in plan.pairs for i in p.rollout}}
+    one = {s: [o for o in plan.one_sided if o.side == s and recs[s][o.rec].path not in mapped[s]] for s in recs}
+    only = {s: {recs[s][o.rec].path for o in one[s]} for s in recs}
     summary = {
-        "train_modules": len(fwd["train"]), "rollout_modules": len(fwd["rollout"]),
+        "train_modules": len(modules["train"]), "rollout_modules": len(modules["rollout"]),
+        "train_calls": len(fwd["train"]), "rollout_calls": len(fwd["rollout"]),
         "mapped_train_modules": len(mapped["train"]), "mapped_rollout_modules": len(mapped["rollout"]),
-        "train_only": len(one["train"]), "rollout_only": len(one["rollout"]),
-        "train_only_unexpected": sum(1 for o in one["train"] if not o.expected),
-        "rollout_only_unexpected": sum(1 for o in one["rollout"] if not o.expected),
+        "train_only": len(only["train"]), "rollout_only": len(only["rollout"]),
+        "train_only_unexpected": len({recs["train"][o.rec].path for o in one["train"] if not o.expected}),
+        "rollout_only_unexpected": len({recs["rollout"][o.rec].path for o in one["rollout"] if not o.expected}),
+        "stitched_calls": {s: sum(1 for o in plan.one_sided if o.side == s and recs[s][o.rec].path in mapped[s])
+                           for s in recs},
         "pairs": len(plan.pairs), "pairs_by_kind": dict(Counter(p.kind for p in plan.pairs)),
         "comparisons": len(plan.comparisons),
-        "train_coverage": len(mapped["train"]) / max(1, len(fwd["train"])),
+        "train_coverage": len(mapped["train"]) / max(1, len(modules["train"])),
         "backward_entries": {s: _count(rs, BACKWARD) for s, rs in recs.items()},
         "parameters_grad_entries": {s: _count(rs, PARAM_GRAD) for s, rs in recs.items()},
         "api_entries": {s: sum(1 for r in rs if r.kind == "api") for s, rs in recs.items()},
