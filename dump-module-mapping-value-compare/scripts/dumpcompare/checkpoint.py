@@ -29,7 +29,7 @@ INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class StoredTensor:
     """Where one tensor lives: its file, safetensors dtype, shape and byte range in that file."""
     file: Path
     dtype: str
@@ -43,7 +43,7 @@ class Checkpoint:
     """The tensors and config of one model folder; tensors are read on demand."""
     folder: Path
     files: list[Path]
-    tensors: dict[str, TensorInfo]
+    tensors: dict[str, StoredTensor]
     config: dict = field(default_factory=dict)
     _maps: dict = field(default_factory=dict, repr=False)
 
@@ -66,7 +66,7 @@ class Checkpoint:
         return DTYPE_NAMES.get(d, d.lower())
 
 
-def _header(path: Path) -> dict[str, TensorInfo]:
+def _header(path: Path) -> dict[str, StoredTensor]:
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(8)
@@ -95,7 +95,7 @@ def _header(path: Path) -> dict[str, TensorInfo]:
         want = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
         if a < 0 or b < a or base + b > size or b - a != want:
             raise InputError(f"{path}: tensor {name!r} data_offsets [{a}, {b}] do not fit the file or its shape")
-        out[name] = TensorInfo(path, dtype, shape, base + a, base + b)
+        out[name] = StoredTensor(path, dtype, shape, base + a, base + b)
         spans.append((a, b, name))
     spans.sort()
     for (a0, b0, n0), (a1, _b1, n1) in zip(spans, spans[1:]):
@@ -128,7 +128,7 @@ def load(folder: str | Path) -> Checkpoint:
         files = sorted(root.glob("*.safetensors"))
     if not files:
         raise InputError(f"{root}: no *.safetensors files in the model folder")
-    tensors: dict[str, TensorInfo] = {}
+    tensors: dict[str, StoredTensor] = {}
     for f in files:
         if not f.is_file():
             raise InputError(f"{f}: listed in {INDEX} but missing")
