@@ -70,6 +70,8 @@ def _rollout_model(case, fault, state):
         opts["extra_act_layer"] = fault["layer"]
     elif kind == "dtype":
         opts["lm_head_dtype"] = DTYPES[fault["value"]]
+    elif kind == "routing":
+        opts["renormalize"] = fault["value"]
     model = _engine(case).build(cfg, DTYPES[case.dtype["rollout"]], case.family, **opts)
     if kind == "wrong_shard":
         module = model.get_submodule(fault["target"])
@@ -108,6 +110,9 @@ def _train_model(case, fault):
     model = families.hf_model(case.family)
     if fault and fault["kind"] == "stale_weight":
         model.load_state_dict(stale(model.state_dict(), fault["param"]))
+    elif fault and fault["kind"] == "routing":  # the router renormalises as the fault's value says
+        for layer in model.model.layers:
+            layer.mlp.gate.norm_topk_prob = fault["value"]
     elif fault:
         raise ValueError(f"{case.name}: train-side fault {fault['kind']} is not implemented")
     return model.to(DTYPES[case.dtype["train"]])
