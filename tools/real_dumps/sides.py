@@ -92,7 +92,7 @@ def rollout_side(case, out, scratch):
     fault = _fault_on(case, "rollout")
     model = _rollout_model(case, fault, state)
     probe = msprobe_run.Probe(out, case.task, case.summary_mode)
-    ids = families.prompt(case.family, case.prompt_len)
+    ids = families.prompt(case.family, case.prompt_len, case.prompt_seed)
     cap = Capture(model)
     tokens = _engine(case).generate(model, ids, case.new_tokens, probe.step_scope(model))
     caps = {"faulty" if fault else "clean": cap.stop()}
@@ -140,7 +140,7 @@ def _wrap(case, model):
 def train_side(case, out, scratch):
     torch.manual_seed(0)
     tokens = json.loads((Path(scratch) / "tokens.json").read_text())
-    seq = families.prompt(case.family, case.prompt_len) + tokens[:-1]
+    seq = families.prompt(case.family, case.prompt_len, case.prompt_seed) + tokens[:-1]
     if dist.rank() > 0:  # data parallel: the other ranks train on other sequences of the batch
         seq = families.prompt(case.family, len(seq), seed=42 + dist.rank())
     ids = torch.tensor([seq])

@@ -168,18 +168,21 @@ def _tie_gap(logits: np.ndarray, own: set, other: set, tol: float) -> bool:
 
 def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype: str, tol: float) -> dict:
     """Token-by-token comparison of two sides' routing ((idx, weights) each) over their common
-    leading tokens. A differing set is a flip when, on both sides, the experts the other side chose
-    are within precision of a tie: the logits' difference between the sides at that token plus a
-    few roundings of the dtype."""
+    leading tokens. A token whose top-k sets differ is a flip when its logits agree within ``tol``
+    (relative) and, on both sides, the experts the other side chose are within the logits'
+    difference plus a few roundings of a tie; ``from_logits`` when its logits themselves differ
+    (the cause is upstream of the routing); systematic otherwise."""
     n = min(lt.shape[0], lr.shape[0], train[0].shape[0], rollout[0].shape[0])
-    flips = systematic = 0
+    flips = systematic = from_logits = 0
     wt, wr = [], []
     for t in range(n):
         a, b = set(train[0][t].tolist()), set(rollout[0][t].tolist())
         if a == b:
-            oa, ob = np.argsort(train[0][t]), np.argsort(rollout[0][t])
-            wt.append(train[1][t][oa])
-            wr.append(rollout[1][t][ob])
+            wt.append(train[1][t][np.argsort(train[0][t])])
+            wr.append(rollout[1][t][np.argsort(rollout[0][t])])
+            continue
+        if _rel(lr[t], lt[t]) > tol:
+            from_logits += 1
             continue
         margin = float(np.max(np.abs(lt[t] - lr[t]))) + 4 * ROUNDOFF.get(dtype, 2.0 ** -8) * float(
             max(np.max(np.abs(lt[t])), np.max(np.abs(lr[t]))))
@@ -188,10 +191,13 @@ def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype:
         else:
             systematic += 1
     werr = _rel(np.concatenate(wr), np.concatenate(wt)) if wt else None
-    weights_differ = werr is not None and werr > tol
-    verdict = "systematic" if systematic or weights_differ else "flips_only" if flips else "same"
-    return {"tokens": n, "set_differs": flips + systematic, "flips": flips, "systematic_sets": systematic,
-            "weights_rel_error": werr, "weights_tolerance": tol, "verdict": verdict}
+    if systematic or (werr is not None and werr > tol):
+        verdict = "systematic"
+    else:
+        verdict = "logits_differ" if from_logits else "flips_only" if flips else "same"
+    return {"tokens": n, "set_differs": flips + systematic + from_logits, "flips": flips,
+            "systematic_sets": systematic, "from_logits": from_logits, "weights_rel_error": werr,
+            "weights_tolerance": tol, "verdict": verdict}
 
 
 def _by_layer(recs, views, side):
