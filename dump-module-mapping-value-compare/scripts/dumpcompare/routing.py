@@ -17,13 +17,16 @@ import numpy as np
 
 from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
-from .replay import ACT_NAMES, _Fit, _rel, activation
+from .replay import ACT_NAMES, MAX_LEAF, _Fit, _rel, activation
 
 SCORINGS = ("softmax", "sigmoid")
 # Unit roundoff per dtype: two logits closer than a few of these (relative to their size) are a
 # tie that rounding can break either way.
 ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
 MAX_TOKENS = 4096
+# Rebuilding a FusedMoE output costs tokens x top_k x the expert's weights in multiply-adds: the
+# leading tokens within this budget are enough to tell routing candidates apart.
+FUSED_BUDGET = 1 << 31
 
 
 def router_config(config: dict) -> dict:
@@ -120,7 +123,9 @@ def _fused_experts(rec, leaves, view, act, bias):
     w13, w2 = get("parameters.w13_weight"), get("parameters.w2_weight")
     if any(a is None for a in (x, logits, out, w13, w2)) or any(lf.merge for lf in leaves.values()):
         return None                          # merged TP ranks hold partial sums: not replayed
-    logits = logits.reshape(-1, logits.shape[-1])[:MAX_TOKENS].astype(np.float64)
+    # top-k is not known yet: 8, the most today's MoE models route to
+    rows = max(1, min(MAX_TOKENS, FUSED_BUDGET // max(1, 8 * (w13[0].size + w2[0].size))))
+    logits = logits.reshape(-1, logits.shape[-1])[:rows].astype(np.float64)
     n = logits.shape[0]
     x = x.reshape(-1, x.shape[-1])[:n].astype(np.float64)
     y = out.reshape(-1, out.shape[-1])[:n].astype(np.float64)
@@ -161,7 +166,9 @@ def _fit_records(side: _Side, base: dict, reference: dict | None, tol: float) ->
 
 
 def _tie_gap(logits: np.ndarray, own: set, other: set, tol: float) -> bool:
-    """The experts only the other side chose are within ``tol`` of this side's k-th choice."""
+    """The experts only the other side chose are within ``tol`` of this side's k-th choice, in
+    logits: they order the choice for softmax and sigmoid scoring alike (a correction bias shifts
+    that order, and a tie is then judged on the unbiased logits)."""
     kth = min(logits[e] for e in own)
     return all(kth - logits[e] <= tol for e in other - own)
 
@@ -201,12 +208,15 @@ def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype:
 
 
 def _by_layer(recs, views, side):
-    """layer -> {role: (record, leaves)} for the routers and experts of one side (forward, call 0)."""
+    """layer -> {role: (record, leaves)} for the routers and experts of one side (forward, call 0);
+    a module with a leaf over replay.MAX_LEAF elements is left out (tensor files are read whole)."""
     out: dict = {}
     for rec in recs[side]:
         if rec.kind == "module" and rec.direction == "forward" and rec.call == 0 and rec.layer is not None \
                 and rec.role in ("router", "experts"):
-            out.setdefault(rec.layer, {})[rec.role] = (rec, views[side].leaves[rec.index])
+            leaves = views[side].leaves[rec.index]
+            if all((lf.numel or 0) <= MAX_LEAF for lf in leaves.values()):
+                out.setdefault(rec.layer, {})[rec.role] = (rec, leaves)
     return out
 
 

@@ -702,6 +702,7 @@ def run(ev: Evidence) -> Triage:
     share = tri.precision["dtype_differs_share"]
     precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
     any_diverged = any(r["status"] in DIVERGED for r in ev.compare.get("results", []))
+    moe_note = moe.precision_note(ev) if any_diverged and not found else None
     if found and not (share >= PRECISION_SPREAD and len(precision_found) == len(found)):
         tri.verdict = "root_cause_found"
         tri.root_causes = _ranked([f for f, _ in found])
@@ -710,9 +711,9 @@ def run(ev: Evidence) -> Triage:
         tri.other_candidates += [f for f, _ in found]
         tri.notes.append(f"{share:.0%} of compared tensors differ in dtype between the sides: differences "
                          "spread from the first modules and stay within the lower dtype's noise")
-    elif any_diverged and moe.precision_note(ev):
+    elif any_diverged and moe_note:
         tri.verdict = "precision_only"
-        tri.notes.append(moe.precision_note(ev))
+        tri.notes.append(moe_note)
     elif any_diverged:
         tri.verdict = "inconclusive"
         tri.notes.append("some tensors differ but no credible origin was found among aligned modules; "
