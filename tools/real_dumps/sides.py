@@ -11,6 +11,10 @@ Public API (each function is a ``msprobe_run.run_ranks`` target):
         gloo); rank 0 trains on the rollout's sequence, rank 1 on another one (data parallel)
     stale(state, name, seed) -> state  a copy of an HF state dict whose ``name`` holds the weight of
         an older step (the current one minus a seeded update of half its std)
+
+Faults: stale_weight on either side; on the rollout also wrong_shard, norm_eps, act_swap, extra_op,
+dtype; routing (``norm_topk_prob`` set to the fault's value: FusedMoE ``renormalize`` on the rollout,
+every router's ``norm_topk_prob`` on the train side).
 """
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def _choice_scores(scores: np.ndarray, cfg: dict, bias: np.ndarray | None) -> np
     g = cfg["n_group"]
     if g > 1 and choice.shape[-1] % g == 0:
         grouped = choice.reshape(choice.shape[0], g, -1)
-        group_score = np.sort(grouped, axis=-1)[..., -2:].sum(-1)          # best two of each group
+        group_score = np.sort(grouped, axis=-1)[..., -2:].sum(-1)   # best two of a group (DeepSeek-V3)
         keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :cfg["topk_group"]]
         mask = np.zeros(group_score.shape, bool)
         np.put_along_axis(mask, keep, True, axis=-1)
