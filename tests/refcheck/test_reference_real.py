@@ -28,6 +28,10 @@ PARAMETER_FAULTS = {
     "qwen3_tp1_fp32_stale_k_norm": ("L1.k_norm.weight", "statistics"),
     "gemma2_tp1_fp32_stale_pre_ff_norm": ("L0.pre_ff_norm.weight",
                                           "statistics"),
+    # stacked experts: vLLM's merged TP=2 w2_weight, transformers 5.x gate_up_proj, against the
+    # checkpoint's per-expert tensors
+    "qwen3_moe_tp2_fp32_stale_experts": ("L1.experts.down.weight", "statistics"),
+    "qwen3_moe_tensor_stale_expert_train": ("L0.experts.gate_up.weight", "tensor"),
 }
 
 

@@ -2,7 +2,7 @@
 
 Public API:
     Case                    dataclass: name, family, task, summary_mode, dtype {train, rollout},
-                            rollout_tp, new_tokens (1 = prefill only), prompt_len, rollout_opts,
+                            rollout_tp, new_tokens (1 = prefill only), prompt_len, prompt_seed, rollout_opts,
                             train_layout (hf, fsdp1, fsdp2), rollout_engine (vllm, sglang),
                             fault (None or a dict, see ``fault``)
     case.mode               "statistics", "tensor" or "md5"
@@ -44,6 +44,7 @@ _KINDS = {
     "act_swap": ("in_module_impl_difference", False),
     "extra_op": ("missing_or_extra_op_between_aligned_boundary", True),
     "dtype": ("in_module_impl_difference", True),
+    "routing": ("in_module_impl_difference", False),
 }
 
 
@@ -61,6 +62,7 @@ class Case:
     rollout_tp: int = 1
     new_tokens: int = 1
     prompt_len: int = 8
+    prompt_seed: int = 42
     rollout_opts: dict = field(default_factory=dict)
     train_layout: str = "hf"
     rollout_engine: str = "vllm"

@@ -11,6 +11,10 @@ Public API (each function is a ``msprobe_run.run_ranks`` target):
         gloo); rank 0 trains on the rollout's sequence, rank 1 on another one (data parallel)
     stale(state, name, seed) -> state  a copy of an HF state dict whose ``name`` holds the weight of
         an older step (the current one minus a seeded update of half its std)
+
+Faults: stale_weight on either side; on the rollout also wrong_shard, norm_eps, act_swap, extra_op,
+dtype; routing (``norm_topk_prob`` set to the fault's value: FusedMoE ``renormalize`` on the rollout,
+every router's ``norm_topk_prob`` on the train side).
 """
 from __future__ import annotations
 
@@ -70,6 +74,8 @@ def _rollout_model(case, fault, state):
         opts["extra_act_layer"] = fault["layer"]
     elif kind == "dtype":
         opts["lm_head_dtype"] = DTYPES[fault["value"]]
+    elif kind == "routing":
+        opts["renormalize"] = fault["value"]
     model = _engine(case).build(cfg, DTYPES[case.dtype["rollout"]], case.family, **opts)
     if kind == "wrong_shard":
         module = model.get_submodule(fault["target"])
@@ -90,7 +96,7 @@ def rollout_side(case, out, scratch):
     fault = _fault_on(case, "rollout")
     model = _rollout_model(case, fault, state)
     probe = msprobe_run.Probe(out, case.task, case.summary_mode)
-    ids = families.prompt(case.family, case.prompt_len)
+    ids = families.prompt(case.family, case.prompt_len, case.prompt_seed)
     cap = Capture(model)
     tokens = _engine(case).generate(model, ids, case.new_tokens, probe.step_scope(model))
     caps = {"faulty" if fault else "clean": cap.stop()}
@@ -108,6 +114,9 @@ def _train_model(case, fault):
     model = families.hf_model(case.family)
     if fault and fault["kind"] == "stale_weight":
         model.load_state_dict(stale(model.state_dict(), fault["param"]))
+    elif fault and fault["kind"] == "routing":  # the router renormalises as the fault's value says
+        for layer in model.model.layers:
+            layer.mlp.gate.norm_topk_prob = fault["value"]
     elif fault:
         raise ValueError(f"{case.name}: train-side fault {fault['kind']} is not implemented")
     return model.to(DTYPES[case.dtype["train"]])
@@ -135,7 +144,7 @@ def _wrap(case, model):
 def train_side(case, out, scratch):
     torch.manual_seed(0)
     tokens = json.loads((Path(scratch) / "tokens.json").read_text())
-    seq = families.prompt(case.family, case.prompt_len) + tokens[:-1]
+    seq = families.prompt(case.family, case.prompt_len, case.prompt_seed) + tokens[:-1]
     if dist.rank() > 0:  # data parallel: the other ranks train on other sequences of the batch
         seq = families.prompt(case.family, len(seq), seed=42 + dist.rank())
     ids = torch.tensor([seq])

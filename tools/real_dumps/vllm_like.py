@@ -9,7 +9,8 @@ paths, except where a class documents a ``kernel`` switch.
 Public API:
     build(hf_config, dtype=torch.float32, family="llama", **options) -> LlamaForCausalLM (or the
         family's subclass) for this process's TP rank; options: rms_kernel ("native"|"fused"),
-        lm_head_dtype, act_override, extra_act_layer, norm_eps (override the config's eps).
+        lm_head_dtype, act_override, extra_act_layer, norm_eps (override the config's eps),
+        renormalize (override the config's norm_topk_prob in FusedMoE).
     model.load_weights(hf_state_dict)          fuse q/k/v and gate/up, slice this rank's shard,
                                                pad the vocabulary (as vLLM's load_weights does)
     model(input_ids, positions) -> hidden      one engine forward (1-D token ids and positions)
@@ -734,7 +735,8 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, False, opts["dtype"])
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
-                                cfg.moe_intermediate_size, False, cfg.norm_topk_prob, opts["dtype"])
+                                cfg.moe_intermediate_size, False, opts.get("renormalize", cfg.norm_topk_prob),
+                                opts["dtype"])
 
     def forward(self, hidden_states):
         router_logits, _ = self.gate(hidden_states)

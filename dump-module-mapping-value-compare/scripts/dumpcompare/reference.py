@@ -12,6 +12,7 @@ references/reference_checkpoint.md.
 """
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -63,12 +64,36 @@ class SideReference:
                 "model_config": math_config(self.checkpoint.config)}
 
 
+# Mixture of experts: one expert's projections in a checkpoint (transformers 4.x / vLLM names, and
+# Mixtral's w1 = gate, w3 = up, w2 = down) and the stacked tensors of transformers 5.x / vLLM.
+_EXPERT = re.compile(r"^(?P<base>.+)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)$")
+_EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+_STACKED = {"gate_up_proj": "gate_up", "w13_weight": "gate_up", "down_proj": "down", "w2_weight": "down"}
+_EXPERTS_POINT = re.compile(r"^(?P<scope>L\d+)\.experts\.(?P<part>gate_up|down)\.weight$")
+
+
+def _expert_point(namer: Namer, path: str, pname: str) -> str | None:
+    """The point of a per-expert or stacked experts tensor, None for any other tensor."""
+    m = _EXPERT.match(path)
+    base, tail = (m["base"], f"{m['e']}.{_EXPERT_PART[m['proj']]}.{pname}") if m else (path, None)
+    layer, _local, rule = namer.classify(base)
+    if layer is None or rule is None or rule["role"] != "experts":
+        return None
+    if tail is not None:
+        return f"L{layer}.experts.{tail}"
+    return f"L{layer}.experts.{_STACKED[pname]}.weight" if pname in _STACKED else None
+
+
 def index_points(ckpt: Checkpoint, namer: Namer) -> dict[str, str]:
     """Logical point of every checkpoint tensor, named by the rules that name dumped modules."""
     out = {}
     for name in ckpt.tensors:
         path, _, pname = name.rpartition(".")
         path = namer.strip_wrappers(path)
+        expert = _expert_point(namer, path, pname)
+        if expert is not None:
+            out.setdefault(expert, name)
+            continue
         layer, _local, rule = namer.classify(path)
         scope = f"L{layer}" if layer is not None else "M"
         if rule is None or rule["role"] in ("dropout", "wrapper"):
@@ -89,6 +114,49 @@ def reference_parts(ref: SideReference, point: str) -> list[str] | None:
         return [ref.points[point]]
     names = [ref.points.get(p) for p in point.split("+")]
     return None if None in names else names
+
+
+def expert_names(ref: SideReference, point: str) -> list[str] | None:
+    """Checkpoint tensors of a stacked experts point (``L1.experts.gate_up.weight``): the stacked
+    tensor itself, or every expert's gate and up (down) tensors in expert order; None otherwise."""
+    m = _EXPERTS_POINT.match(point)
+    if m is None:
+        return None
+    if point in ref.points:
+        return [ref.points[point]]
+    parts = ("gate", "up") if m["part"] == "gate_up" else ("down",)
+    names, e = [], 0
+    while f"{m['scope']}.experts.{e}.{parts[0]}.weight" in ref.points:
+        got = [ref.points.get(f"{m['scope']}.experts.{e}.{p}.weight") for p in parts]
+        if None in got:
+            return []
+        names += got
+        e += 1
+    return names
+
+
+def expert_layouts(arrays: list[np.ndarray], point: str, shape: tuple | None,
+                   ranks: list[int]) -> list[tuple[str, np.ndarray]]:
+    """Candidate arrangements of stacked experts: [E, 2I, H] with each expert's [gate; up] rows
+    (``down``: [E, H, I]); under tensor parallelism each rank holds [gate_r; up_r] of every expert
+    (down: its slice of I), and merged ranks are those shards side by side."""
+    gate_up = ".gate_up." in point
+    if len(arrays) == 1:            # stacked in the checkpoint: its halves are gate and up
+        parts = np.split(arrays[0], 2, axis=1) if gate_up else arrays
+    else:
+        k = 2 if gate_up else 1
+        parts = [np.stack(arrays[i::k]) for i in range(k)]
+    full = np.concatenate(parts, axis=1)
+    cands = [("stacked per expert", full)]
+    ax = 1 if gate_up else 2
+    for n in range(2, 17):
+        if any(p.shape[ax] % n for p in parts):
+            continue
+        shards = [np.concatenate([np.split(p, n, axis=ax)[r] for p in parts], axis=1) for r in range(n)]
+        if gate_up and n in ranks:
+            cands.append((f"per-rank concatenation of {n} shards", np.concatenate(shards, axis=1)))
+        cands += [(f"shard {r} of {n} along dim {ax}", a) for r, a in enumerate(shards)]
+    return [c for c in cands if shape is None or c[1].shape == tuple(shape)]
 
 
 def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
@@ -219,14 +287,16 @@ def _differing_ranks(ref: np.ndarray, side: np.ndarray, leaf) -> list[int]:
 def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None, tolerances: dict,
                use_tensors: bool) -> dict:
     """``matches_reference`` of one side's parameter: true | false | unknown, with how it is known."""
-    names = reference_parts(ref, point)
+    stacked = expert_names(ref, point)
+    names = reference_parts(ref, point) if stacked is None else stacked
     base = {"checkpoint_tensors": names}
     if not names:
         return {**base, "matches_reference": "unknown", "how": None, "exact": False,
                 "detail": f"no tensor of the checkpoint is named {point}"}
     dtype = dtype_key(leaves[0].dtype)
-    parts = split_fused_qkv([to_dtype(ref.checkpoint.read(n), dtype) for n in names], point, ref.config)
-    if len(leaves) == len(parts) > 1:
+    parts = [to_dtype(ref.checkpoint.read(n), dtype) for n in names]
+    parts = parts if stacked is not None else split_fused_qkv(parts, point, ref.config)
+    if len(leaves) == len(parts) > 1 and stacked is None:
         shape = (sum(lf.shape[0] for lf in leaves), *leaves[0].shape[1:]) if all(lf.shape for lf in leaves) else None
     else:
         shape = leaves[0].shape if len(leaves) == 1 else None
@@ -234,8 +304,9 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
     merged = len(leaves) == 1 and (leaves[0].merge or "").startswith("concat")
     ranks = ([len(leaves[0].shards)] if leaves[0].shards else list(range(2, 17))) if merged else []
     base_point = point.split("+")[0]
-    cands = layouts(parts, shape, ranks, layout == GROUPED, ref.config,
-                    any(p in VOCAB_POINTS for p in (base_point, point)), base_point.split(".")[1:2] == ["q"])
+    cands = expert_layouts(parts, point, shape, ranks) if stacked is not None else layouts(
+        parts, shape, ranks, layout == GROUPED, ref.config, any(p in VOCAB_POINTS for p in (base_point, point)),
+        base_point.split(".")[1:2] == ["q"])
     if not cands:
         return {**base, "matches_reference": "unknown", "how": None, "exact": False,
                 "detail": f"reference shape {[list(p.shape) for p in parts]} fits no layout of side shape "

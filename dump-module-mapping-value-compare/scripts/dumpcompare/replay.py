@@ -253,7 +253,8 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
 
 
 def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
-    """Replays of every standard module on both sides (forward calls with tensor files)."""
+    """Replays of every standard module on both sides (forward calls with tensor files), then the
+    routing of every mixture-of-experts layer (routing.py)."""
     out = []
     for side in ("train", "rollout"):
         ref = refs.get(side)
@@ -277,4 +278,5 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                 r = None
             if r is not None:
                 out.append({"side": side, **r})
-    return out
+    from . import routing  # imported here: routing builds on this module's fits
+    return out + routing.run(recs, views, refs, tolerances)

@@ -42,6 +42,8 @@ SCREENS = (
            "a fused or by-design pair whose mismatch vanishes downstream is a layout artefact"),
     Screen("outputs_structural", lambda s: s.outputs_structural,
            "every output comparison is structural (shards, padding): the values were not compared"),
+    Screen("routing_flip", lambda s: (s.routing or {}).get("verdict") == "flips_only",
+           "a mixture-of-experts pair whose routing differs only where the logits tie within precision"),
 )
 
 # Relative output error from which a difference is not precision-sized (analysis_rules.md,
@@ -57,6 +59,9 @@ SCALE_COSINE = 0.95
 RULES = (
     Rule("parameters_differ", "parameter_or_checkpoint_issue", 0.9, lambda s: s.parameters_differ,
          "the pair's own weights differ, or a fused output agrees while a part of it differs"),
+    Rule("routing_differs", "in_module_impl_difference", 0.85,
+         lambda s: (s.routing or {}).get("verdict") == "systematic" and not s.inputs_diverged,
+         "routing replayed from each side's own router logits differs beyond a tie: a routing config differs"),
     Rule("precision_boundary", "in_module_impl_difference", 0.7, lambda s: s.precision_origin,
          "inputs agree in value and dtype, the output dtype differs: precision changes in this module"),
     Rule("extra_op_before_observer", "missing_or_extra_op_between_aligned_boundary", 0.75,

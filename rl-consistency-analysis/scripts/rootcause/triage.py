@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from . import credence, hypotheses, rules, sides
+from . import credence, hypotheses, moe, rules, sides
 from .evidence import Evidence
 
 DIVERGED = ("mismatch", "nonfinite")
@@ -203,6 +203,11 @@ class Suspect:
     @cached_property
     def permuted(self) -> bool:
         return _permuted_parts(self.ev, self.m)
+
+    @cached_property
+    def routing(self) -> dict | None:
+        """The routing comparison of this mixture-of-experts pair (moe.py), None for other pairs."""
+        return moe.routing_record(self.ev, self.m["train_modules"], self.m["rollout_modules"])
 
     @property
     def parameters_differ(self) -> bool:
@@ -435,6 +440,19 @@ def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> None:
         ev_info["inputs_inferred"] = True
 
 
+def _decide_routing(s: Suspect, f: dict, ev_info: dict) -> None:
+    rec = s.routing
+    ev_info["routing"] = moe.routing_summary(rec)
+    keys = ", ".join(f"{d['key']} (train behaves as {d['train']!r}, rollout as {d['rollout']!r})"
+                     for d in rec["differing_keys"]) or "no single key fits"
+    werr = rec["weights_rel_error"]
+    f["side_reason"] = (f"routing replayed from each side's router logits chooses other experts on "
+                        f"{rec['systematic_sets']} of {rec['tokens']} tokens away from any tie"
+                        + (f" and weighs the same experts differently (relative error {werr:.2g})"
+                           if werr is not None and werr > rec["weights_tolerance"] else "")
+                        + f": the sides route with different values: {keys}")
+
+
 def _decide_op_before_observer(s: Suspect, f: dict, ev_info: dict) -> None:
     _missing_or_extra(f, ev_info, s.op_before_observer, s.m)
 
@@ -526,6 +544,7 @@ _DECIDE = {
     "extra_op_before_observer": _decide_op_before_observer,
     "unobserved_weight_uncorrelated": _decide_unobserved_weight,
     "origin_in_module": _decide_origin,
+    "routing_differs": _decide_routing,
     "extra_op_between": _decide_op_between,
     "impl_in_container": _decide_between,
     "impl_inline": _decide_between,
@@ -581,6 +600,8 @@ def screen(s: Suspect) -> tuple[str, str] | None:
     if row is None:
         return None
     m = s.m
+    if row.id == "routing_flip":
+        return row.id, moe.flip_reason(s.routing)
     if row.id == "fused_mismatch_realigns":
         return row.id, (f"{m['kind']} pair ({m['note'] or 'fused vs unfused'}): its mismatch vanishes in the next "
                         f"aligned modules, the signature of a layout difference rather than a fault")
@@ -681,6 +702,7 @@ def run(ev: Evidence) -> Triage:
     share = tri.precision["dtype_differs_share"]
     precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
     any_diverged = any(r["status"] in DIVERGED for r in ev.compare.get("results", []))
+    moe_note = moe.precision_note(ev) if any_diverged and not found else None
     if found and not (share >= PRECISION_SPREAD and len(precision_found) == len(found)):
         tri.verdict = "root_cause_found"
         tri.root_causes = _ranked([f for f, _ in found])
@@ -689,6 +711,9 @@ def run(ev: Evidence) -> Triage:
         tri.other_candidates += [f for f, _ in found]
         tri.notes.append(f"{share:.0%} of compared tensors differ in dtype between the sides: differences "
                          "spread from the first modules and stay within the lower dtype's noise")
+    elif any_diverged and moe_note:
+        tri.verdict = "precision_only"
+        tri.notes.append(moe_note)
     elif any_diverged:
         tri.verdict = "inconclusive"
         tri.notes.append("some tensors differ but no credible origin was found among aligned modules; "
