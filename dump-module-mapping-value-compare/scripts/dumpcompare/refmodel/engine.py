@@ -92,11 +92,11 @@ def _embed(w: Weights, s: Spec, ids: np.ndarray, pos: np.ndarray, rnd):
     if s.embed_scale is not None:     # Gemma: the scale is cast to the weights' dtype first
         x = rnd(x * rnd(np.float32(s.embed_scale)))
     yield Output("model.embed_tokens", x)
-    seen = []
-    for rope in s.ropes:              # one rotary module call per attention type (Gemma 3 has two)
-        if not any(rope is r for r in seen):
-            seen.append(rope)
-            yield Output("model.rotary_emb", ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)[0])
+    # Gemma 3 calls its rotary module once per attention type, sliding first; the others once.
+    kinds = sorted(set(s.layer_types), reverse=True) if s.family == "gemma3" else [s.layer_types[0]]
+    for kind in kinds:
+        rope = s.ropes[s.layer_types.index(kind)]
+        yield Output("model.rotary_emb", ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)[0])
     return x
 
 
@@ -135,18 +135,22 @@ def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd)
     biases = w.parts(a, split, "qkv_proj", sizes, i, kind="bias")
     q, k, v = (ops.linear(h, wt, b, rnd) for wt, b in zip(weights, biases))
     fused = not w.has(f"{a}.q_proj.weight")
-    if fused:    # Phi-3: one qkv_proj module
-        yield Output(f"{a}.qkv_proj", np.concatenate([q, k, v], axis=-1))
     heads = {"q": q.reshape(t, s.heads, d), "k": k.reshape(t, s.kv_heads, d)}
+    normed = {}
     for name in ("q", "k"):
-        if not fused:
-            yield Output(f"{a}.{name}_proj", heads[name].reshape(t, -1))
         nw = w.get(f"{a}.{name}_norm.weight", i)
         if nw is not None:    # Qwen3 / Gemma 3: RMSNorm over each head
-            heads[name] = ops.rms_norm(heads[name], nw, s.eps, rnd, s.family in GEMMA)
-            yield Output(f"{a}.{name}_norm", heads[name].reshape(t, -1))
-    if not fused:
-        yield Output(f"{a}.v_proj", v)
+            normed[name] = ops.rms_norm(heads[name], nw, s.eps, rnd, s.family in GEMMA)
+    if fused:    # Phi-3: one qkv_proj module
+        order = [("qkv_proj", np.concatenate([q, k, v], axis=-1))]
+    else:
+        order = [("q_proj", q), ("q_norm", normed.get("q")), ("k_proj", k), ("k_norm", normed.get("k")), ("v_proj", v)]
+        if s.family == "gemma3":    # projections first, then the two norms
+            order = order[0::2] + order[1::2]
+    for name, out in order:
+        if out is not None:
+            yield Output(f"{a}.{name}", out.reshape(t, -1))
+    heads.update(normed)
     rope = s.ropes[i]
     cos, sin = ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)
     qr, kr = (ops.apply_rope(heads[n], cos, sin, rnd) for n in ("q", "k"))

@@ -56,6 +56,7 @@ class Spec:
     attn_softcap: float | None
     final_softcap: float | None
     embed_scale: float | None
+    layer_types: tuple      # per layer: "sliding_attention" or "full_attention"
     windows: tuple          # per layer: sliding window or None
     ropes: tuple            # per layer: Rope
     tied: bool
@@ -185,7 +186,7 @@ def resolve(config: dict, over: dict | None = None) -> Spec:
         eps=float(_pick(cfg, over, "rms_norm_eps", default=1e-6)), act=act, attn_scale=scale,
         attn_softcap=gemma_cap("attn_logit_softcapping"), final_softcap=gemma_cap("final_logit_softcapping"),
         embed_scale=embed_scale,
-        windows=tuple(int(window) if window and t == "sliding_attention" else None for t in types),
+        layer_types=tuple(types), windows=tuple(int(window) if window and t == "sliding_attention" else None for t in types),
         ropes=tuple(ropes[t] for t in types),
         tied=bool(_pick(cfg, over, "tie_word_embeddings", default=fam in GEMMA)),
         moe_layers=moe, experts=experts, top_k=int(_pick(cfg, over, "num_experts_per_tok", default=0)) if fam in MOE else 0,
