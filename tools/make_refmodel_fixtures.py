@@ -97,10 +97,10 @@ def make(family: str) -> Path:
     if family in EXTRA:
         folder = OUT / "_models" / family
         _tiny_model(family, folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
-                                                              dtype=torch.float32).eval()
-    fp32_names, fp32 = _record(model, IDS, family == "gemma3")
-    bf16_names, bf16 = _record(model.to(torch.bfloat16), IDS, family == "gemma3")
+    # Loaded in bf16 (not cast after loading, which would round the rotary inverse frequencies too).
+    fp32_names, fp32, bf16_names, bf16 = (x for dtype in (torch.float32, torch.bfloat16) for x in _record(
+        transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype).eval(),
+        IDS, family == "gemma3"))
     assert fp32_names == bf16_names
     out = OUT / f"{family}.npz"
     np.savez_compressed(out, ids=np.array(IDS, dtype=np.int64), modules=np.array(fp32_names),

@@ -57,14 +57,19 @@ def test_fp32_forward_equals_transformers(fam):
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
-def test_bf16_rounding_tracks_transformers_in_bf16(fam):
-    """With dtype=bf16 the reference follows the bf16 run (rounded weights, rounded module
-    outputs) far closer than the fp32 reference does: the rounding is modelled, not ignored."""
+def test_bf16_rounding_points_are_transformers_own(fam):
+    """With dtype=bf16 the reference equals transformers loaded in bf16 bit for bit up to the
+    attention core (embedding and its scale, rotary tables, norms, q/k/v and q/k norms), where the
+    fp32 reference is visibly off; after it the two stay within bf16 noise (eager attention rounds
+    the scores to bf16, flash kernels and the reference do not: references/reference_forward.md)."""
     rec, ckpt = _recording(fam)
     bf = _against(rec, list(forward(ckpt, ckpt.config, rec["ids"], dtype="bf16")), "bf16")
     fp = _against(rec, list(forward(ckpt, ckpt.config, rec["ids"])), "bf16")
-    logits = "lm_head"
-    assert bf[logits] < 0.5 * fp[logits], (bf[logits], fp[logits])
+    names = list(bf)
+    before_core = names[:next(i for i, n in enumerate(names) if n.endswith("o_proj"))]
+    assert len(before_core) >= 4
+    for name in before_core:
+        assert bf[name] == 0.0 and fp[name] > 1e-4, (name, bf[name], fp[name])
     assert max(bf.values()) < 2e-2, max(bf, key=bf.get)
 
 

@@ -63,8 +63,9 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rnd: Round) -> n
     rot, rest = x[..., :d], x[..., d:]
     half = d // 2
     turned = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
-    out = rot * cos[:, None, :] + turned * sin[:, None, :]
-    return rnd(np.concatenate([out, rest], axis=-1))
+    # transformers rotates in the activation dtype: each product and the sum round
+    out = rnd(rnd(rot * cos[:, None, :]) + rnd(turned * sin[:, None, :]))
+    return np.concatenate([out, rest], axis=-1)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap: float | None,
