@@ -11,7 +11,6 @@ from typing import Callable
 
 import numpy as np
 
-from .. import tensorio
 from ..replay import activation
 
 Round = Callable[[np.ndarray], np.ndarray]
@@ -23,8 +22,22 @@ def identity(a: np.ndarray) -> np.ndarray:
 
 
 def bf16(a: np.ndarray) -> np.ndarray:
-    """bf16 rounding point: round to nearest even bfloat16, held as float32."""
-    return tensorio.widen_bf16(tensorio.bfloat16_bits(a))
+    """bf16 rounding point: round to nearest even bfloat16 (as torch casts), held as float32.
+
+    The same rounding as tensorio.bfloat16_bits, done in place on the float32 bits: a forward
+    rounds weight blocks of tens of millions of values, and 64-bit temporaries would cost
+    eight times the block."""
+    x = np.array(a, dtype=np.float32)
+    bits = x.view(np.uint32)
+    carry = (bits >> 16) & 1
+    carry += 0x7FFF
+    nan = np.isnan(x)
+    bits += carry       # finite and infinite values cannot wrap (at most 0xFF807FFF)
+    del carry
+    bits &= 0xFFFF0000
+    if nan.any():       # a NaN's bits may have wrapped: the quiet NaN, as torch writes it
+        x[nan] = np.nan
+    return x
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, rnd: Round, plus_one: bool = False) -> np.ndarray:
