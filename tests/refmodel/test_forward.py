@@ -14,6 +14,8 @@ from dumpcompare.refmodel import Injection, family, final_logits, forward
 DATA = Path(__file__).resolve().parents[1] / "data" / "refmodel"
 ROOT = DATA.parents[2]
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3_moe", "mixtral")
+# A family's checkpoint recorded under another rope config, at positions where it matters.
+VARIANTS = ("llama_rope_llama3", "qwen2_rope_linear", "phi3_partial_rotary")
 FP32_TOL = 1e-5
 
 
@@ -21,10 +23,14 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def _recording(fam: str):
-    rec = np.load(DATA / f"{fam}.npz", allow_pickle=False)
-    ckpt = checkpoint.load(ROOT / str(rec["model"]))
-    return rec, ckpt
+def _recording(name: str):
+    rec = np.load(DATA / f"{name}.npz", allow_pickle=False)
+    return rec, checkpoint.load(ROOT / str(rec["model"]))
+
+
+def _run(rec, ckpt, **kw):
+    kw.setdefault("positions", rec["positions"])
+    return list(forward(ckpt, json.loads(str(rec["config"])), rec["ids"], **kw))
 
 
 def _against(rec, outputs, kind: str) -> dict[str, float]:
@@ -46,14 +52,23 @@ def _against(rec, outputs, kind: str) -> dict[str, float]:
     return errors
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
-def test_fp32_forward_equals_transformers(fam):
-    rec, ckpt = _recording(fam)
-    assert family(ckpt.config) == fam
-    outputs = list(forward(ckpt, ckpt.config, rec["ids"]))
-    errors = _against(rec, outputs, "fp32")
+@pytest.mark.parametrize("name", FAMILIES + VARIANTS)
+def test_fp32_forward_equals_transformers(name):
+    rec, ckpt = _recording(name)
+    assert family(ckpt.config) == name.split("_rope")[0].split("_partial")[0]
+    errors = _against(rec, _run(rec, ckpt), "fp32")
     worst = max(errors, key=errors.get)
     assert errors[worst] < FP32_TOL, (worst, errors[worst])
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_rope_variants_matter_at_the_recorded_positions(name):
+    """The variant's config is what made the recording: the checkpoint's own config, at the same
+    positions, departs at the rotary tables (and everything after the first attention)."""
+    rec, ckpt = _recording(name)
+    errors = _against(rec, list(forward(ckpt, ckpt.config, rec["ids"], positions=rec["positions"])), "fp32")
+    assert errors["model.layers.0.self_attn.o_proj"] > 1e-3
+    assert errors["model.layers.0.input_layernorm"] < FP32_TOL
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -63,8 +78,8 @@ def test_bf16_rounding_points_are_transformers_own(fam):
     fp32 reference is visibly off; after it the two stay within bf16 noise (eager attention rounds
     the scores to bf16, flash kernels and the reference do not: references/reference_forward.md)."""
     rec, ckpt = _recording(fam)
-    bf = _against(rec, list(forward(ckpt, ckpt.config, rec["ids"], dtype="bf16")), "bf16")
-    fp = _against(rec, list(forward(ckpt, ckpt.config, rec["ids"])), "bf16")
+    bf = _against(rec, _run(rec, ckpt, dtype="bf16"), "bf16")
+    fp = _against(rec, _run(rec, ckpt), "bf16")
     names = list(bf)
     before_core = names[:next(i for i, n in enumerate(names) if n.endswith("o_proj"))]
     assert len(before_core) >= 4
