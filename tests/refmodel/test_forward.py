@@ -178,3 +178,53 @@ def test_checkpoint_rows_read_only_the_part_asked():
     whole = ckpt.read(name)
     np.testing.assert_array_equal(ckpt.rows(name, np.array([7, 3, 7])), whole[[7, 3, 7]])
     np.testing.assert_array_equal(ckpt.rows(name, slice(290, 400)), whole[290:])
+
+
+def test_stacked_experts_equal_per_expert_tensors(tmp_path):
+    """Qwen3-MoE saved with stacked experts (experts.gate_up_proj [E, 2I, H], experts.down_proj
+    [E, H, I], transformers 5's in-memory layout) runs the same forward as per-expert tensors."""
+    from refcheck.test_checkpoint_reader import write_safetensors
+
+    rec, ckpt = _recording("qwen3_moe")
+    tensors = {}
+    for name in ckpt.tensors:
+        if ".experts." not in name:
+            tensors[name] = ("F32", ckpt.read(name))
+    for layer in range(2):
+        base = f"model.layers.{layer}.mlp.experts"
+        per = lambda e, n: ckpt.read(f"{base}.{e}.{n}.weight")  # noqa: E731
+        tensors[f"{base}.gate_up_proj"] = ("F32", np.stack(
+            [np.concatenate([per(e, "gate_proj"), per(e, "up_proj")]) for e in range(4)]))
+        tensors[f"{base}.down_proj"] = ("F32", np.stack([per(e, "down_proj") for e in range(4)]))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps(ckpt.config))
+    stacked = checkpoint.load(tmp_path)
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" not in stacked.tensors
+    assert _changed(_run(rec, ckpt), _run(rec, stacked)) == []
+
+
+def test_bf16_rounding_is_torchs_round_to_nearest_even():
+    from dumpcompare.refmodel.ops import bf16
+    from dumpcompare.tensorio import bfloat16_bits, widen_bf16
+
+    rng = np.random.default_rng(3)
+    a = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 10000),
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 3.3895314e38, 1.00390625,
+                                  1.01171875, -1.00390625], dtype=np.float32)])
+    want = widen_bf16(bfloat16_bits(a))
+    got = bf16(a)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert got[-3] == 1.0 and got[-2] == 1.015625      # ties go to the even mantissa
+
+
+def test_unimplemented_features_are_named():
+    from dumpcompare.refmodel import UnsupportedModel
+
+    rec, ckpt = _recording("llama")
+    config = {**ckpt.config, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}
+    with pytest.raises(UnsupportedModel, match="yarn"):
+        next(forward(ckpt, config, rec["ids"]))
+    with pytest.raises(UnsupportedModel, match="gpt2"):
+        next(forward(ckpt, {**ckpt.config, "model_type": "gpt2", "architectures": []}, rec["ids"]))
+    with pytest.raises(ValueError, match="dtype"):
+        next(forward(ckpt, ckpt.config, rec["ids"], dtype="fp16"))
