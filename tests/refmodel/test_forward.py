@@ -71,21 +71,35 @@ def test_rope_variants_matter_at_the_recorded_positions(name):
     assert errors["model.layers.0.input_layernorm"] < FP32_TOL
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
-def test_bf16_rounding_points_are_transformers_own(fam):
-    """With dtype=bf16 the reference equals transformers loaded in bf16 bit for bit up to the
+@pytest.mark.parametrize("name", FAMILIES + VARIANTS)
+def test_bf16_rounding_points_are_transformers_own(name):
+    """With dtype=bf16 the reference follows transformers loaded in bf16: bit for bit up to the
     attention core (embedding and its scale, rotary tables, norms, q/k/v and q/k norms), where the
-    fp32 reference is visibly off; after it the two stay within bf16 noise (eager attention rounds
-    the scores to bf16, flash kernels and the reference do not: references/reference_forward.md)."""
-    rec, ckpt = _recording(fam)
+    fp32 reference is visibly off, and to the logits within a few bf16 rounding flips (cos/sin
+    from another libm), at least three times closer than the fp32 reference."""
+    rec, ckpt = _recording(name)
     bf = _against(rec, _run(rec, ckpt, dtype="bf16"), "bf16")
     fp = _against(rec, _run(rec, ckpt), "bf16")
     names = list(bf)
     before_core = names[:next(i for i, n in enumerate(names) if n.endswith("o_proj"))]
     assert len(before_core) >= 4
-    for name in before_core:
-        assert bf[name] == 0.0 and fp[name] > 1e-4, (name, bf[name], fp[name])
-    assert max(bf.values()) < 2e-2, max(bf, key=bf.get)
+    for module in before_core:
+        assert bf[module] == 0.0 and fp[module] > 1e-4, (module, bf[module], fp[module])
+    assert max(bf.values()) < 5e-3, max(bf, key=bf.get)
+    assert bf["lm_head"] <= fp["lm_head"] / 3, (bf["lm_head"], fp["lm_head"])
+
+
+def test_attention_kernels_round_differently_only_inside_attention():
+    """The flash and fp32 kernels keep the scores (and, fp32, the probabilities) unrounded: the
+    outputs leave the eager ones from the first o_proj on, by bf16 noise; in fp32 all agree."""
+    rec, ckpt = _recording("gemma2")
+    eager = _run(rec, ckpt, dtype="bf16")
+    for kernel in ("flash", "fp32"):
+        other = _run(rec, ckpt, dtype="bf16", attention=kernel)
+        changed = _changed(eager, other)
+        assert changed[0] == "model.layers.0.self_attn.o_proj", (kernel, changed[:2])
+        assert max(_rel(a.array, b.array) for a, b in zip(other, eager)) < 2e-2
+        assert _changed(_run(rec, ckpt), _run(rec, ckpt, attention=kernel)) == []
 
 
 @pytest.mark.parametrize("fam", ["llama", "gemma2", "qwen3_moe", "phi3"])

@@ -81,19 +81,27 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rnd: Round) -> n
     return np.concatenate([out, rest], axis=-1)
 
 
+ATTENTION = ("eager", "flash", "fp32")
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap: float | None,
-              window: int | None, rnd: Round) -> np.ndarray:
+              window: int | None, rnd: Round, kernel: str = "eager") -> np.ndarray:
     """Causal grouped-query attention of q [T, H, D], k/v [T, KV, D] -> [T, H * D], rounded.
 
     One sequence, masked by token order: token i sees tokens j <= i (and j > i - window with a
-    sliding window), whatever position ids the rotary embedding was given."""
+    sliding window), whatever position ids the rotary embedding was given. ``kernel`` says where
+    the attention kernel rounds (bf16 only): ``eager`` as transformers' eager attention (the
+    scores, the scaled and soft-capped scores and the probabilities each rounded), ``flash`` as
+    flash-attention (scores in float32, probabilities rounded before p @ v), ``fp32`` (nothing
+    rounded before the output)."""
     t, h, d = q.shape
     group = h // k.shape[1]
     kk = np.repeat(k, group, axis=1)
     vv = np.repeat(v, group, axis=1)
-    scores = np.einsum("thd,shd->hts", q, kk) * np.float32(scale)
+    inner = rnd if kernel == "eager" else identity
+    scores = inner(inner(np.einsum("thd,shd->hts", q, kk)) * np.float32(scale))
     if softcap:
-        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
+        scores = inner(inner(np.tanh(inner(scores / np.float32(softcap)))) * np.float32(softcap))
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     allowed = j <= i
     if window:
@@ -102,7 +110,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
-    p = rnd(p)     # the probabilities are cast back to the activation dtype before p @ v
+    if kernel != "fp32":
+        p = rnd(p)
     out = np.einsum("hts,shd->thd", p, vv)
     return rnd(out.reshape(t, h * d)).astype(np.float32)
 
