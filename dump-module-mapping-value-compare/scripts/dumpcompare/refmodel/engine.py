@@ -100,7 +100,7 @@ def _embed(w: Weights, s: Spec, ids: np.ndarray, pos: np.ndarray, rnd):
     kinds = sorted(set(s.layer_types), reverse=True) if s.family == "gemma3" else [s.layer_types[0]]
     for kind in kinds:
         rope = s.ropes[s.layer_types.index(kind)]
-        yield Output("model.rotary_emb", ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)[0])
+        yield Output("model.rotary_emb", ops.rope_tables(rope.inv_freq, pos, rnd)[0])
     return x
 
 
@@ -156,7 +156,7 @@ def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd,
             yield Output(f"{a}.{name}", out.reshape(t, -1))
     heads.update(normed)
     rope = s.ropes[i]
-    cos, sin = ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)
+    cos, sin = ops.rope_tables(rope.inv_freq, pos, rnd)
     qr, kr = (ops.apply_rope(heads[n], cos, sin, rnd) for n in ("q", "k"))
     core = ops.attention(qr, kr, v.reshape(t, s.kv_heads, d), s.attn_scale, s.attn_softcap, s.windows[i], rnd,
                          kernel)

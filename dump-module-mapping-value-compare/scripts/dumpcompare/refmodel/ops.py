@@ -62,11 +62,11 @@ def act(name: str, x: np.ndarray, rnd: Round) -> np.ndarray:
         return rnd(activation(name, np.asarray(x, dtype=np.float32)).astype(np.float32))
 
 
-def rope_tables(inv_freq: np.ndarray, positions: np.ndarray, scale: float, rnd: Round) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(inv_freq: np.ndarray, positions: np.ndarray, rnd: Round) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [tokens, rotary dim] of the positions (both halves repeat, as transformers lays them)."""
     ang = positions.astype(np.float32)[:, None] * inv_freq[None, :]
     ang = np.concatenate([ang, ang], axis=-1)
-    return rnd(np.cos(ang) * np.float32(scale)), rnd(np.sin(ang) * np.float32(scale))
+    return rnd(np.cos(ang)), rnd(np.sin(ang))
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rnd: Round) -> np.ndarray:
