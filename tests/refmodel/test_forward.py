@@ -242,3 +242,7 @@ def test_unimplemented_features_are_named():
         next(forward(ckpt, {**ckpt.config, "model_type": "gpt2", "architectures": []}, rec["ids"]))
     with pytest.raises(ValueError, match="dtype"):
         next(forward(ckpt, ckpt.config, rec["ids"], dtype="fp16"))
+    with pytest.raises(ValueError, match="0..299"):
+        next(forward(ckpt, ckpt.config, np.array([1, 300])))
+    with pytest.raises(ValueError, match="no token"):
+        next(forward(ckpt, ckpt.config, np.array([], dtype=np.int64)))

@@ -64,6 +64,8 @@ def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str
     spec_at = lambda i: hurt if i >= inject.from_layer else base  # noqa: E731
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     t = ids.size
+    if t == 0:
+        raise ValueError("no token ids")
     pos = np.arange(t) if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
     if pos.size != t:
         raise ValueError(f"{pos.size} positions for {t} tokens")
@@ -73,7 +75,7 @@ def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str
     if hidden is None:
         if start_layer:
             raise ValueError("start_layer > 0 needs that layer's input as hidden")
-        x = yield from _embed(w, spec_at(0) if inject.from_layer <= 0 else base, ids, pos, rnd)
+        x = yield from _embed(w, spec_at(0), ids, pos, rnd)
     else:
         x = rnd(np.asarray(hidden, dtype=np.float32).reshape(t, base.hidden))
     for i in range(start_layer, base.layers):

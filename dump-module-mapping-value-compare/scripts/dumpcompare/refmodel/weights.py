@@ -101,6 +101,9 @@ class Weights:
             return self.get(name)[ids]
         uniq, back = np.unique(ids, return_inverse=True)
         stored = self._stored(name)
+        rows = self.ckpt.tensors[stored].shape[0]
+        if uniq[0] < 0 or uniq[-1] >= rows:
+            raise ValueError(f"token ids must lie in 0..{rows - 1} (the embedding's rows), not {uniq[0]}..{uniq[-1]}")
         return self._round(self._load(stored, uniq), stored, False)[back]
 
     def head_stored(self) -> str:
