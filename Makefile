@@ -31,6 +31,7 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) tools/bench.py
+	$(PY) tools/bench.py --stages refmodel
 
 # Eight rank files per side at three sizes: time and memory as the input grows (default command,
 # the ranks merged by the input plan).
