@@ -273,3 +273,21 @@ def test_real_train_dump_statistics_equal_the_reference(case):
             assert abs(value - stats[name]) <= 1e-5 * max(abs(stats[name]), 1e-3), (module, name, value, stats[name])
         checked += 1
     assert checked == len(data) - 1 >= 25
+
+
+def test_multimodal_gemma3_layout_reads_the_language_model(tmp_path):
+    """A Gemma3ForConditionalGeneration folder nests the text config under text_config and
+    stores the text model under model.language_model.: the same forward, the same outputs."""
+    from refcheck.test_checkpoint_reader import write_safetensors
+
+    rec, ckpt = _recording("gemma3")
+    tensors = {name.replace("model.", "model.language_model.", 1): ("F32", ckpt.read(name)) for name in ckpt.tensors}
+    tensors["model.vision_tower.patch.weight"] = ("F32", np.ones((2, 2), dtype=np.float32))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    text = json.loads(str(rec["config"]))
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+              "text_config": {**text, "model_type": "gemma3_text"}, "vision_config": {"hidden_size": 2}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    nested = checkpoint.load(tmp_path)
+    assert family(config) == "gemma3"
+    assert _changed(_run(rec, ckpt), list(forward(nested, config, rec["ids"], positions=rec["positions"]))) == []
