@@ -242,6 +242,10 @@ def test_unimplemented_features_are_named():
         next(forward(ckpt, {**ckpt.config, "model_type": "gpt2", "architectures": []}, rec["ids"]))
     with pytest.raises(ValueError, match="dtype"):
         next(forward(ckpt, ckpt.config, rec["ids"], dtype="fp16"))
+    partial = checkpoint.Checkpoint(ckpt.folder, ckpt.files, {n: t for n, t in ckpt.tensors.items()
+                                                              if n != "model.layers.1.mlp.down_proj.weight"}, ckpt.config)
+    with pytest.raises(UnsupportedModel, match="model.layers.1.mlp.down_proj.weight"):
+        list(forward(partial, ckpt.config, rec["ids"]))
     with pytest.raises(ValueError, match="0..299"):
         next(forward(ckpt, ckpt.config, np.array([1, 300])))
     with pytest.raises(ValueError, match="no token"):
