@@ -146,8 +146,7 @@ class Weights:
         for base, (g, u, d) in ((f"model.layers.{layer}.mlp.experts.{e}", ("gate_proj", "up_proj", "down_proj")),
                                 (f"model.layers.{layer}.block_sparse_moe.experts.{e}", ("w1", "w3", "w2"))):
             if self.has(f"{base}.{g}.weight"):
-                gate, up, down = (self.get(f"{base}.{n}.weight", layer) for n in (g, u, d))
-                return gate, up, down
+                return tuple(self.need(f"{base}.{n}.weight", layer) for n in (g, u, d))
         base = f"model.layers.{layer}.mlp.experts"
         if not self.has(f"{base}.gate_up_proj"):
             raise UnsupportedModel(f"{self.ckpt.folder}: no weights for expert {e} of layer {layer}")
