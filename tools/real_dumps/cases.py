@@ -44,6 +44,8 @@ _KINDS = {
     "act_swap": ("in_module_impl_difference", False),
     "extra_op": ("missing_or_extra_op_between_aligned_boundary", True),
     "dtype": ("in_module_impl_difference", True),
+    "attn_scale": ("in_module_impl_difference", False),
+    "rope_theta": ("in_module_impl_difference", False),
 }
 
 

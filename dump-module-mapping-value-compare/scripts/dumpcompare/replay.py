@@ -277,4 +277,5 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                 r = None
             if r is not None:
                 out.append({"side": side, **r})
-    return out
+    from . import replay_attention  # imports _Fit from here
+    return out + replay_attention.run(recs, views, refs, tolerances)
