@@ -235,7 +235,8 @@ def fit(p: Problem, config: dict, layer: int | None, tol: float, with_theta: boo
         f = _Fit(key, grid[key][0], tol)                      # against the final values of the others
         for c in grid[key][1]:
             f.add(c, ev({**current, key: c}))
-        rec = {**f.record(), "values": dict(current)}
+        rec = {**f.record(), "values": dict(current), "residuals": [[c, r] for c, r in f.res.items()],
+               "tokens": {"queries": p.q.shape[0], "keys": p.k.shape[0]}}
         if key == SCALE:
             rec["scale_candidates"], rec["scale_from"] = scales, source
         out.append(rec)
@@ -339,12 +340,17 @@ def _module(view, idx, recs_by_path, core, config, geom) -> Problem | Skip:
     q, k, v, out = (g(core, n) for n in ("input_args.0", "input_args.1", "input_args.2", "output.0"))
     if q is None or k is None or v is None or out is None:
         return Skip("missing_tensor", "q, k, v or the output of the attention module is not dumped with its tensor")
+    training = q.ndim == 4 and k.ndim == 4 and out.ndim == 3
+    if training:
+        # Megatron's core_attention: [s, b, heads, d] and [s, b, heads*d]; the first sequence.
+        q, k, v, out = (a[:, 0].reshape(a.shape[0], -1) for a in (q, k, v, out))
     if q.ndim != 2 or k.ndim != 2 or q.shape[-1] % hd or k.shape[-1] % hd or out.shape != q.shape:
-        return Skip("layout", f"q {list(q.shape)}, k {list(k.shape)}: not flattened [tokens, heads*head_dim] rows")
+        return Skip("layout", f"q {list(q.shape)}, k {list(k.shape)}: not [tokens, heads*head_dim] rows")
     positions = _positions(view, idx, core.layer, core.call)
-    if positions is None:
+    if positions is None and not training:
         return Skip("positions_unknown", "no dumped positions say whether this call is a prefill or a decode step")
-    start = int(positions[0]) if positions.size else 0
+    # Megatron's sequence-first layout is its training forward, which holds no KV cache.
+    start = int(positions[0]) if positions is not None and positions.size else 0
     earlier = [r for r in recs_by_path[core.path] if r.call < core.call]
     ks = [g(r, "input_args.1") for r in earlier]
     vs = [g(r, "input_args.2") for r in earlier]
