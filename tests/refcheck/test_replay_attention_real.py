@@ -64,6 +64,28 @@ def test_the_composite_replay_equals_torchs_o_proj_input(tmp_path):
                for r in rollout)
 
 
+def test_gemma2_attention_is_replayed_with_its_scale_soft_cap_and_window(tmp_path):
+    """Clean bf16 Gemma 2 pair: the scale from query_pre_attn_scalar, the logit soft cap 1.0 and the
+    window 4 of layer 0 reproduce both sides; without the cap or the window the replay is far off.
+    Theta 1e5 is as good as 1e4 on layer 1 at bf16 precision, and is said to be."""
+    proc = _run(COMPARE, REPLAY / "gemma2_tensor_clean", tmp_path, "--model", str(CORPUS / "_models" / "gemma2"))
+    assert proc.returncode == 0, proc.stderr
+    reps = _attention(tmp_path)
+    by = {(r["side"], r["layer"], r["key"]): r for r in reps}
+    assert set(by) == {(s, i, k) for s in ("train", "rollout") for i in (0, 1)
+                       for k in (SCALE, "attn_logit_softcapping")} | {
+        ("train", 0, "sliding_window"), ("rollout", 0, "sliding_window"), ("train", 0, "rope_theta"),
+        ("train", 1, "rope_theta")}              # Gemma 2 slides on its even layers only
+    assert all(r["reproduces_reference"] is True and r["dtype"] == "bfloat16" for r in reps)
+    scale = by[("train", 0, SCALE)]
+    assert scale["scale_from"] == "query_pre_attn_scalar" and scale["reference_value"] == 0.25
+    for side in ("train", "rollout"):
+        assert _residual(by[(side, 0, "attn_logit_softcapping")], 0.0) > 3 * by[(side, 0, SCALE)]["tolerance"]
+        assert _residual(by[(side, 0, "sliding_window")], 0) > 0.1
+    theta = by[("train", 1, "rope_theta")]
+    assert theta["reproducing_values"] == [1e4, 1e5] and "cannot be told apart" in theta["indistinguishable"]
+
+
 def test_a_decode_step_is_replayed_with_the_earlier_steps_keys_and_values(tmp_path):
     proc = run(COMPARE, "llama_gen_tensor_clean", tmp_path)
     assert proc.returncode == 0, proc.stderr

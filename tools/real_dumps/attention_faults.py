@@ -1,8 +1,9 @@
-"""Attention-side config faults for the replay cases (tools/make_replay_cases.py registers them).
+"""Attention-side cases for the replay tests (tools/make_replay_cases.py registers them).
 
 A wrong attention scale on either side, and a wrong rope_theta on the transformers side, where
 RoPE is computed inline (the model-level rotary_emb's cos/sin, applied inside the attention
-forward). Half precision on both sides keeps each pair under 1.5 MB; the faults stay above the
+forward); and a clean Gemma 2 pair, whose attention has every value the replay fits (scale from
+query_pre_attn_scalar, logit soft cap, a sliding window on layer 0). Half precision on both sides keeps each pair under 1.5 MB; the faults stay above the
 engine noise (case.json ``measured``).
 
 Public API:
@@ -32,6 +33,7 @@ CASES = [
     Case("llama_tensor_rope_theta_train", task="tensor", dtype=_FP16, fault=fault(
         "train", "rope_theta", _AT, "train: rotary_emb built with rope_theta 1e6 instead of the "
         "config's 1e4 (RoPE inline in transformers' attention)", value=WRONG_THETA)),
+    Case("gemma2_tensor_clean", family="gemma2", task="tensor", dtype=_BF16),
 ]
 
 
