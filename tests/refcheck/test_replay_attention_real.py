@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dumpcompare.replay_attention import SCALE, Problem, attend, fit, layer_window, rotate, scale_candidates
-from refcheck.realcases import COMPARE, CORPUS, ROOTCAUSE, report, run
+from refcheck.realcases import COMPARE, CORPUS, first_root_cause, run, run_pair
 
 REPLAY = Path(__file__).resolve().parents[1] / "data" / "replay"
 MODEL = CORPUS / "_models" / "llama"
@@ -25,14 +25,6 @@ MODEL = CORPUS / "_models" / "llama"
 def _attention(out, side=None):
     reps = json.loads((out / "output_3_value_compare.json").read_text())["replays"]
     return [r for r in reps if r["op"] == "attention" and side in (None, r["side"])]
-
-
-def _run(script, folder, out, *extra):
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, str(script), "--train", str(folder / "train"), "--rollout",
-                           str(folder / "rollout"), "--out-dir", str(out), "--quiet", *extra],
-                          capture_output=True, text=True, timeout=300)
 
 
 def _residual(rec, value):
@@ -68,7 +60,7 @@ def test_gemma2_attention_is_replayed_with_its_scale_soft_cap_and_window(tmp_pat
     """Clean bf16 Gemma 2 pair: the scale from query_pre_attn_scalar, the logit soft cap 1.0 and the
     window 4 of layer 0 reproduce both sides; without the cap or the window the replay is far off.
     Theta 1e5 is as good as 1e4 on layer 1 at bf16 precision, and is said to be."""
-    proc = _run(COMPARE, REPLAY / "gemma2_tensor_clean", tmp_path, "--model", str(CORPUS / "_models" / "gemma2"))
+    proc = run_pair(COMPARE, REPLAY / "gemma2_tensor_clean", tmp_path, "--model", str(CORPUS / "_models" / "gemma2"))
     assert proc.returncode == 0, proc.stderr
     reps = _attention(tmp_path)
     by = {(r["side"], r["layer"], r["key"]): r for r in reps}
@@ -98,7 +90,7 @@ def test_a_decode_step_is_replayed_with_the_earlier_steps_keys_and_values(tmp_pa
 
 def test_a_decode_step_without_the_earlier_steps_is_skipped_with_its_reason(tmp_path):
     folder = CORPUS / "llama_gen_tensor_clean"
-    proc = _run(COMPARE, folder, tmp_path, "--rollout-step", "1", "--model", str(MODEL))
+    proc = run_pair(COMPARE, folder, tmp_path, "--rollout-step", "1", "--model", str(MODEL))
     assert proc.returncode == 0, proc.stderr
     rollout = _attention(tmp_path, "rollout")
     assert rollout and all(r["skipped"] == "earlier_kv_missing" and "8 earlier positions" in r["reason"]
@@ -126,11 +118,7 @@ def test_without_model_attention_is_not_replayed_and_says_why(tmp_path):
     ("llama_tensor_rope_theta_train", "rope_theta", 1e6, 1e4),
 ])
 def test_the_attention_replay_names_the_side_the_key_and_the_value_it_used(case, key, wrong, right, tmp_path):
-    folder = REPLAY / case
-    fault = json.loads((folder / "case.json").read_text())["fault"]
-    proc = _run(ROOTCAUSE, folder, tmp_path, "--model", str(MODEL))
-    assert proc.returncode == 0, proc.stderr
-    rc = report(tmp_path)["root_causes"][0]
+    fault, rc = first_root_cause(REPLAY / case, tmp_path, MODEL)
     assert rc["category"] == "in_module_impl_difference" and rc["train_module"] == fault["target"]
     assert rc["side"] == fault["side"] and key in rc["config_keys"]
     ev = [e for e in rc["side_evidence"] if e["kind"] == "replay" and e["op"] == "attention"]
@@ -148,7 +136,7 @@ def test_bf16_eps_values_are_said_to_be_indistinguishable(tmp_path):
     """In bf16 (the attention-scale pair's dtype) eps 1e-6 and 1e-5 give the same RMSNorm output to
     the data's precision: both are listed and said to be indistinguishable (fp32 tells them apart:
     test_replay_real.py)."""
-    proc = _run(COMPARE, REPLAY / "llama_tensor_attn_scale_train", tmp_path, "--model", str(MODEL))
+    proc = run_pair(COMPARE, REPLAY / "llama_tensor_attn_scale_train", tmp_path, "--model", str(MODEL))
     assert proc.returncode == 0, proc.stderr
     reps = json.loads((tmp_path / "output_3_value_compare.json").read_text())["replays"]
     final = next(r for r in reps if r["side"] == "train" and r["module"] == "model.norm")

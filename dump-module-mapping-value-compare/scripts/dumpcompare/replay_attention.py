@@ -33,15 +33,19 @@ MAX_ROUNDS = 2
 SCALE = "attention scale"
 
 
+SKIP_CODES = ("no_config", "missing_tensor", "layout", "rope_scaling", "positions_unknown",
+              "earlier_kv_missing")
+
+
 @dataclass(frozen=True)
 class Skip:
     """Why an attention module was not replayed: ``code`` is one of SKIP_CODES."""
     code: str
     detail: str
 
-
-SKIP_CODES = ("no_config", "missing_tensor", "layout", "rope_scaling", "positions_unknown",
-              "earlier_kv_missing")
+    def __post_init__(self):
+        if self.code not in SKIP_CODES:
+            raise TypeError(f"unknown skip code {self.code!r}")
 
 
 def _sig(x: float) -> float:
