@@ -182,3 +182,18 @@ def test_scales_the_data_cannot_tell_apart_are_said_to_be_so():
     assert rec["key"] == SCALE and rec["reproduces_reference"] is True
     assert set(rec["reproducing_values"]) == {round(2 ** -0.5, 9), 1.0}
     assert "cannot be told apart" in rec["indistinguishable"]
+
+
+def test_a_long_prefill_is_replayed_on_its_leading_tokens(monkeypatch):
+    """Under the causal mask the first n queries need only the first n keys: a prefill over the score
+    budget is replayed on its leading tokens, and still decides."""
+    import dumpcompare.replay_attention as ra
+
+    monkeypatch.setattr(ra, "MAX_SCORES", 16)            # one head: 4 x 4 scores
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(10, 2)) for _ in range(3))
+    target = attend(q, k, v, 2, 1.0, 0.0, 0)
+    cfg = {"num_attention_heads": 1, "hidden_size": 2, "head_dim": 2}
+    rec = fit(Problem(q, k, v, target, 2, "float64"), cfg, 0, 1e-12, with_theta=False)[0]
+    assert rec["tokens"] == {"queries": 4, "keys": 4}
+    assert rec["reproduces_reference"] is False and rec["fitted"]["value"] == 1.0

@@ -22,7 +22,7 @@ import numpy as np
 
 from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
-from .replay import _Fit
+from .replay import MAX_LEAF, _Fit
 
 THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
@@ -33,7 +33,7 @@ MAX_ROUNDS = 2
 SCALE = "attention scale"
 
 
-SKIP_CODES = ("no_config", "missing_tensor", "layout", "rope_scaling", "positions_unknown",
+SKIP_CODES = ("no_config", "missing_tensor", "too_large", "layout", "rope_scaling", "positions_unknown",
               "earlier_kv_missing")
 
 
@@ -256,12 +256,19 @@ def _index(recs: list) -> dict:
     return idx
 
 
+class _TooLarge(Exception):
+    """A leaf over MAX_LEAF elements: its tensor file would be read whole."""
+
+
 def _get(view, rec, name):
+    """One leaf's array; None when absent, without a file, or a partial sum of row-parallel ranks."""
     if rec is None:
         return None
     leaf = view.leaves[rec.index].get(name)
     if leaf is None or (leaf.merge or "") == "sum":
         return None
+    if (leaf.numel or 0) > MAX_LEAF:
+        raise _TooLarge(f"{rec.path} {name} holds {leaf.numel} elements (over {MAX_LEAF})")
     return leaf_array(view, leaf)
 
 
@@ -405,6 +412,8 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                     out.append({**head, "dtype": prob.dtype, "head_dim": prob.head_dim,
                                 "rope": "positions" if prob.positions is not None else
                                 "dumped cos/sin" if prob.cos_sin is not None else "applied before", **r})
+            except _TooLarge as exc:
+                out.append({**head, "skipped": "too_large", "reason": str(exc)})
             except (ValueError, IndexError) as exc:
                 # Tensors that do not fit the standard signature: not replayed, never blamed.
                 out.append({**head, "skipped": "layout", "reason": str(exc)})
