@@ -28,7 +28,7 @@ THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
 # Score elements (query tokens x key tokens x heads) one evaluation may hold: the leading query
 # tokens are replayed, which under a causal mask need only the leading keys.
-MAX_SCORES = 1 << 22
+MAX_SCORES = 1 << 19
 MAX_ROUNDS = 2
 SCALE = "attention scale"
 
