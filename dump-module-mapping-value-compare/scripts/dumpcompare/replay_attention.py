@@ -53,12 +53,15 @@ def _sig(x: float) -> float:
 
 
 def _geometry(config: dict) -> tuple[int, int, int] | None:
-    """(heads, kv heads, head_dim) from the config, None without them."""
-    heads = int(config.get("num_attention_heads") or 0)
-    if not heads:
+    """(heads, kv heads, head_dim) from the config, None without them (or with unreadable ones)."""
+    try:
+        heads = int(config.get("num_attention_heads") or 0)
+        if not heads:
+            return None
+        hd = int(config.get("head_dim") or 0) or int(config.get("hidden_size") or 0) // heads
+        return (heads, int(config.get("num_key_value_heads") or heads), hd) if hd else None
+    except (TypeError, ValueError):
         return None
-    hd = int(config.get("head_dim") or 0) or int(config.get("hidden_size") or 0) // heads
-    return (heads, int(config.get("num_key_value_heads") or heads), hd) if hd else None
 
 
 def scale_candidates(config: dict, head_dim: int) -> tuple[dict, float, str]:
@@ -324,6 +327,7 @@ def _composite(view, idx, attn, config, geom) -> Problem | Skip:
     rotary = int(hd * float(config.get("partial_rotary_factor") or 1.0))
     p = Problem(q, k, v, _seq(target), hd, dtype, rotary=rotary)
     scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {})
+    scaling = scaling if isinstance(scaling, dict) else {"rope_type": str(scaling)}
     positions = _positions(view, idx, L, c)
     if positions is not None and positions.size and positions[0] > 0:
         return Skip("earlier_kv_missing", f"positions start at {int(positions[0])}: the keys and values of the "
@@ -382,7 +386,7 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
     for side in ("train", "rollout"):
         ref = refs.get(side)
         config = ref.checkpoint.config if ref else {}
-        view, idx = views[side], _index(recs[side])
+        view, idx, geom = views[side], _index(recs[side]), _geometry(config)
         by_path: dict[str, list] = {}
         for r in recs[side]:
             if r.kind == "module" and r.direction == "forward" and r.role == "attn_core":
@@ -399,9 +403,9 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                     "layer": layer, "op": "attention", "call": call,
                     "source": "composite: q/k/v outputs and RoPE against o_proj's input" if composite
                     else "attention module: q, k, v against its output"}
-            geom = _geometry(config)
             try:
-                prob = (Skip("no_config", "the head counts and head_dim come from the config (--model)") if geom is None
+                prob = (Skip("no_config", "the head counts and head_dim come from the config (--model): none "
+                             "readable") if geom is None
                         else _composite(view, idx, subject, config, geom) if composite
                         else _module(view, idx, by_path, subject, config, geom))
                 if isinstance(prob, Skip):
@@ -414,7 +418,7 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                                 "dumped cos/sin" if prob.cos_sin is not None else "applied before", **r})
             except _TooLarge as exc:
                 out.append({**head, "skipped": "too_large", "reason": str(exc)})
-            except (ValueError, IndexError) as exc:
+            except (ValueError, IndexError, TypeError) as exc:
                 # Tensors that do not fit the standard signature: not replayed, never blamed.
                 out.append({**head, "skipped": "layout", "reason": str(exc)})
     return out
