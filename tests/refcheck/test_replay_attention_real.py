@@ -197,3 +197,21 @@ def test_a_long_prefill_is_replayed_on_its_leading_tokens(monkeypatch):
     rec = fit(Problem(q, k, v, target, 2, "float64"), cfg, 0, 1e-12, with_theta=False)[0]
     assert rec["tokens"] == {"queries": 4, "keys": 4}
     assert rec["reproduces_reference"] is False and rec["fitted"]["value"] == 1.0
+
+
+def test_with_another_rope_scaling_the_dumped_cos_sin_are_used(tmp_path):
+    """A config whose rope_scaling is not the default: its frequencies are not rebuilt, so the
+    composite applies transformers' dumped cos/sin tables (and fits no theta); they are the tables
+    the dump was computed with, so the replay still equals o_proj's input."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(MODEL, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_type": "linear", "factor": 2.0}
+    (model / "config.json").write_text(json.dumps(cfg))
+    proc = run_pair(COMPARE, CORPUS / "llama_tp1_tensor_clean", tmp_path / "out", "--model", str(model))
+    assert proc.returncode == 0, proc.stderr
+    train = _attention(tmp_path / "out", "train")
+    assert {r["key"] for r in train} == {SCALE}
+    assert all(r["rope"] == "dumped cos/sin" and r["residual_at_reference"] < 1e-6 for r in train)
