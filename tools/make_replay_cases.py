@@ -14,6 +14,7 @@ transformers, mindstudio-probe (e.g. /work/toolenv/bin/python).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -70,7 +71,15 @@ def _rollout_model(case, fault_, state):
 
 
 def main(argv=None) -> int:
-    only = set(argv if argv is not None else sys.argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap.add_argument("cases", nargs="*", metavar="CASE", help="make only these cases (default: every case)")
+    only = set(ap.parse_args(argv).cases)
+    unknown = only - {c.name for c in CASES}
+    if unknown:
+        print(f"error: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     sides._train_model = _train_model
     sides._rollout_model = _rollout_model
     import msprobe.pytorch  # noqa: F401  imported before forking, as make_real_dumps does
