@@ -3,8 +3,9 @@
 A wrong attention scale on either side, and a wrong rope_theta on the transformers side, where
 RoPE is computed inline (the model-level rotary_emb's cos/sin, applied inside the attention
 forward); and a clean Gemma 2 pair, whose attention has every value the replay fits (scale from
-query_pre_attn_scalar, logit soft cap, a sliding window on layer 0). Half precision on both sides keeps each pair under 1.5 MB; the faults stay above the
-engine noise (case.json ``measured``).
+query_pre_attn_scalar, logit soft cap, a sliding window on layer 0). Half precision on both
+sides keeps each pair under 1.5 MB; the faults stay above the engine noise (case.json
+``measured``).
 
 Public API:
     CASES                                  the cases, in generation order
