@@ -41,3 +41,18 @@ def references(out: Path) -> dict:
 
 def report(out: Path) -> dict:
     return json.loads((out / "output_5_root_cause_report.json").read_text(encoding="utf-8"))
+
+
+def run_pair(script: Path, folder: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Run ``script`` on a case folder outside the corpus (``folder/train``, ``folder/rollout``)."""
+    return subprocess.run([sys.executable, str(script), "--train", str(folder / "train"), "--rollout",
+                           str(folder / "rollout"), "--out-dir", str(out), "--quiet", *extra],
+                          capture_output=True, text=True, timeout=300)
+
+
+def first_root_cause(folder: Path, out: Path, model: Path) -> tuple[dict, dict]:
+    """(the case's injected fault, the first root cause) of the root-cause skill run with ``--model``."""
+    fault = json.loads((folder / "case.json").read_text(encoding="utf-8"))["fault"]
+    proc = run_pair(ROOTCAUSE, folder, out, "--model", str(model))
+    assert proc.returncode == 0, proc.stderr
+    return fault, report(out)["root_causes"][0]

@@ -39,7 +39,7 @@ def test_every_standard_module_replays_to_torchs_output(tmp_path):
     assert proc.returncode == 0, proc.stderr
     reps = _replays(tmp_path)
     ops = {(r["side"], r["op"]) for r in reps}
-    assert ops == {(s, o) for s in ("train", "rollout") for o in ("norm", "act", "linear", "embed")} | {
+    assert ops == {(s, o) for s in ("train", "rollout") for o in ("norm", "act", "linear", "embed", "attention")} | {
         ("rollout", "head"), ("rollout", "rope")}      # transformers applies RoPE and the head's cap inline
     for r in reps:
         assert r["reproduces_reference"] is True and r["residual_at_reference"] < 1e-6, r

@@ -45,6 +45,8 @@ _KINDS = {
     "extra_op": ("missing_or_extra_op_between_aligned_boundary", True),
     "dtype": ("in_module_impl_difference", True),
     "routing": ("in_module_impl_difference", False),
+    "attn_scale": ("in_module_impl_difference", False),
+    "rope_theta": ("in_module_impl_difference", False),
 }
 
 

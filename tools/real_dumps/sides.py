@@ -25,7 +25,7 @@ import torch
 
 from . import dist, families, msprobe_run, sglang_like, vllm_like
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Capture:

@@ -278,5 +278,6 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                 r = None
             if r is not None:
                 out.append({"side": side, **r})
-    from . import routing  # imported here: routing builds on this module's fits
-    return out + routing.run(recs, views, refs, tolerances)
+    # imported here: both build on this module's fits, a top-level import would be circular
+    from . import replay_attention, routing
+    return out + routing.run(recs, views, refs, tolerances) + replay_attention.run(recs, views, refs, tolerances)
