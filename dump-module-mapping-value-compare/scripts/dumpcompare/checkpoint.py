@@ -47,18 +47,31 @@ class Checkpoint:
     config: dict = field(default_factory=dict)
     _maps: dict = field(default_factory=dict, repr=False)
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor ``name`` as a numpy array (bf16 widened to float32; a fresh copy)."""
+    def _raw(self, name: str) -> np.ndarray:
+        """The stored tensor as a read-only view of the memory map (no bytes read yet)."""
         info = self.tensors[name]
         mm = self._maps.get(info.file)
         if mm is None:
             with open(info.file, "rb") as fh:
                 mm = self._maps[info.file] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        raw = np.frombuffer(mm, dtype=_DTYPES[info.dtype], count=(info.end - info.start) // _DTYPES[info.dtype].itemsize,
-                            offset=info.start).reshape(info.shape)
-        if info.dtype == "BF16":
+        return np.frombuffer(mm, dtype=_DTYPES[info.dtype], count=(info.end - info.start) // _DTYPES[info.dtype].itemsize,
+                             offset=info.start).reshape(info.shape)
+
+    @staticmethod
+    def _own(raw: np.ndarray, dtype: str) -> np.ndarray:
+        if dtype == "BF16":
             return widen_bf16(raw)
         return raw.astype(raw.dtype.newbyteorder("="), copy=True)
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a numpy array (bf16 widened to float32; a fresh copy)."""
+        return self._own(self._raw(name), self.tensors[name].dtype)
+
+    def rows(self, name: str, index) -> np.ndarray:
+        """Part of tensor ``name`` along its first axis (an int, slice or integer array), reading
+        only those bytes of the file (bf16 widened to float32; a fresh copy): an embedding's rows
+        for a few tokens, one expert of a stacked tensor, a block of a large head."""
+        return self._own(self._raw(name)[index], self.tensors[name].dtype)
 
     def dtype_name(self, name: str) -> str:
         """The stored dtype of ``name`` as a side dtype name (bfloat16, float32, ...)."""
