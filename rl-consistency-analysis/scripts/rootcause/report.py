@@ -71,6 +71,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
         "comparability": ev.analysis.get("comparability"),
         "mode": ev.mode,
         "reference": sides.reference_section(ev),
+        "reference_forward": sides.forward_section(ev),
         "inputs": inputs,
         "sides": explain.sides(ev),
         "logits": ev.compare.get("logprob"),
