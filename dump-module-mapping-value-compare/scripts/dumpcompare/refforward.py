@@ -10,7 +10,7 @@ reference tensor rounded to the side's dtype. Max/Min/Mean/Norm do not depend on
 elements, so a fused or Megatron-interleaved layout needs no rearranging in statistics mode; in
 tensor mode the tensors are compared token by token (rows sorted when the side's fused layout
 orders features differently). The first point where a side departs is where its fault starts; the
-side that departs nowhere matches the checkpoint. Why: references/reference_forward.md.
+side that departs nowhere matches the checkpoint. Why: references/reference_forward_evidence.md.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ tolerance the side failed; its residual (the largest error over those points) sa
 Candidates: the fused row orders (a plain [q; k; v] read as Megatron's per-group layout and the
 reverse, [up; gate] for [gate; up]), a head tied to the embedding, one config value among the
 replay grids (eps, rope theta, activation, attention scale), and the other forward precision.
-Why: references/reference_forward.md.
+Why: references/reference_forward_evidence.md.
 """
 from __future__ import annotations
 

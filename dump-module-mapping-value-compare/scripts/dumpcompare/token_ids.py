@@ -8,7 +8,7 @@ to the side's dtype, has its own Max/Min/Mean/Norm, and the row whose four stati
 dumped ones is the token. A call holding several tokens (a prefill) cannot be recovered from
 statistics: four numbers over the whole call neither name every token nor give their order, so
 the ids stay unknown and the reason is reported instead of a guess.
-Why: references/reference_forward.md.
+Why: references/reference_forward_evidence.md.
 """
 from __future__ import annotations
 
