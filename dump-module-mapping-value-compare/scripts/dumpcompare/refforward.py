@@ -206,9 +206,18 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
             continue
         fdt = FORWARD_DTYPE.get(dtype, "fp32")
         ids = np.asarray(toks.ids, dtype=np.int64)
+        rows = embedding.shape[0] if embedding is not None else None
+        if rows is not None and int(ids.max()) >= rows:
+            doc["sides"][s] = {"ran": False, "reason": f"token id {int(ids.max())} is beyond the checkpoint's "
+                                                       f"{rows} embedding rows (another checkpoint or tokenizer)"}
+            continue
         key = (id(r), tuple(toks.ids), fdt)
         if key not in runs:
-            runs[key] = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer)
+            try:
+                runs[key] = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer)
+            except (refmodel.UnsupportedModel, ValueError) as exc:
+                doc["sides"][s] = {"ran": False, "reason": f"the reference forward cannot run this model: {exc}"}
+                continue
         judged[s] = compare_side(runs[key], plans, s, views[s], tolerances, use_tensors)
         dep = departure(plans, judged[s], runs[key])
         agree = sum(j["matches_reference"] is True for j in judged[s].values())
