@@ -44,12 +44,12 @@ def megatron_ids(tmp_path_factory) -> str:
     return json.dumps(tok["train"]["ids"])
 
 
-def _assert_clean(rf: dict) -> None:
+def _assert_clean(rf: dict, min_points: int = 40) -> None:
     assert rf["ran"] and rf["verdict"]["side"] == "neither", rf["verdict"]
     for side in ("train", "rollout"):
         s = rf["sides"][side]
         assert s["departure"] is None and s["matches_everywhere"], (side, s)
-        assert s["points"] >= 40
+        assert s["points"] >= min_points
     judged = [j for p in rf["points"].values() for j in p.values() if j["matches_reference"] != "unknown"]
     assert judged and all(j["error"] <= j["tolerance"] for j in judged)
 
@@ -193,7 +193,7 @@ def test_switch_off_wrong_ids_and_unsupported_family(tmp_path, llama_ids):
     short = json.dumps(json.loads(llama_ids)[:5])
     assert run(COMPARE, name, tmp_path / "short", "--token-ids", short).returncode == 0
     rf = _forward(tmp_path / "short")
-    assert not rf["ran"] and "5 ids" in rf["tokens"]["train"]["detail"]
+    assert not rf["ran"] and "holds 5 ids" in rf["tokens"]["train"]["detail"] and "not used" in rf["tokens"]["train"]["detail"]
     bad = run(COMPARE, name, tmp_path / "bad", "--token-ids", "[1, -2]")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--token-ids" in bad.stderr
     own = tmp_path / "model"
@@ -215,3 +215,23 @@ def test_report_draws_the_three_lines(tmp_path, megatron_ids):
         assert section.count(f'class="{cls}"') == 1
     assert "departs at L0.q" in section and "reproduced by qkv stored as plain" in section
     assert np.isfinite(_forward(tmp_path)["sides"]["train"]["departure"]["error"])
+
+
+@pytest.mark.parametrize("name", ["llama_gen_tp2_fp32_stale_rollout", "sglang_llama_gen_fp32_stale_rollout",
+                                  "llama_gen_fp32_clean"])
+def test_the_prompt_alone_recovers_a_generation(name, tmp_path, llama_ids):
+    # The user knows the prompt; the decode steps name the sampled tokens (ids statistics), and
+    # the train forward of prompt + sampled tokens takes them from the rollout.
+    proc = run(COMPARE, name, tmp_path, "--token-ids", llama_ids)
+    assert proc.returncode == 0, proc.stderr
+    rf = _forward(tmp_path)
+    roll, train = rf["tokens"]["rollout"], rf["tokens"]["train"]
+    assert roll["unique"] and [c["how"] for c in roll["calls"]] == ["given"] + ["input_ids statistics"] * 3
+    assert train["how"] == "other side" and train["ids"] == roll["ids"] and len(roll["ids"]) == 11
+    bad = (case(name)["fault"] or {}).get("side")
+    if bad is None:
+        _assert_clean(rf, 25)
+        assert rf["sides"]["rollout"]["points"] == rf["sides"]["rollout"]["matching"]   # last-token logits too
+    else:
+        assert rf["verdict"]["side"] == bad and rf["sides"]["train"]["matches_everywhere"]
+        assert rf["sides"][bad]["departure"]["layer"] == case(name)["expected"]["layer"]

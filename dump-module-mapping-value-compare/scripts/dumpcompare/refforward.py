@@ -145,8 +145,12 @@ def point_reference(run: RefRun, point: str) -> np.ndarray | None:
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
-def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tensors: bool) -> dict:
-    """cid -> judgement of every activation point of ``side`` the reference computes."""
+def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tensors: bool,
+                 call_ends: list[int] | None = None) -> dict:
+    """cid -> judgement of every activation point of ``side`` the reference computes.
+
+    ``call_ends``: the token count after each of the side's calls. A point holding one row per call
+    (the logits an engine keeps for the last token of each forward) is compared with those rows."""
     out = {}
     for p in plans:
         if p.axis != "features":
@@ -155,6 +159,9 @@ def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tens
         leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(p, side)]
         if ref is None or not leaves or None in leaves or all(lf.numel is None for lf in leaves):
             continue
+        held = sum((lf.numel or 0) * (len(lf.per_call) if lf.per_call is not None else 1) for lf in leaves)
+        if call_ends and held != ref.size and held == len(call_ends) * ref.shape[1] and call_ends[-1] == len(ref):
+            ref = ref[[e - 1 for e in call_ends]]
         out[p.cid] = judge_point(ref, view, leaves, len(p.point.split("+")), tolerances, use_tensors)
     return out
 
@@ -189,7 +196,7 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         doc["reason"] = f"model_type {ref.config.get('model_type')!r} is not a family the reference forward supports"
         doc["verdict"] = verdict(doc)
         return doc
-    runs, judged = {}, {}
+    runs, judged, found = {}, {}, {}
     for s in SIDES:
         r = refs.get(s)
         if r is None:
@@ -198,8 +205,11 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         emb_name = r.points.get("M.embed.weight")
         embedding = r.checkpoint.read(emb_name) if emb_name else None
         dtype = dtype_key(carriers["embed"][0].dtype) if carriers["embed"] else "float32"
-        toks: TokenIds = recover(carriers, views[s], embedding, given, use_tensors,
-                                 tolerances["statistics"].get(dtype, tolerances["statistics"]["default"]))
+        found[s] = (carriers, embedding, dtype, recover(carriers, views[s], embedding, given, use_tensors,
+                                                        tolerances["statistics"].get(dtype, tolerances["statistics"]["default"])))
+    _share(found)
+    for s, (carriers, embedding, dtype, toks) in found.items():
+        r = refs[s]
         doc["tokens"][s] = toks.to_json()
         if not toks.unique:
             doc["sides"][s] = {"ran": False, "reason": f"token ids not recovered: {toks.detail}"}
@@ -218,14 +228,15 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
             except (refmodel.UnsupportedModel, ValueError) as exc:
                 doc["sides"][s] = {"ran": False, "reason": f"the reference forward cannot run this model: {exc}"}
                 continue
-        judged[s] = compare_side(runs[key], plans, s, views[s], tolerances, use_tensors)
+        ends = [int(e) for e in np.cumsum([c["tokens"] for c in toks.calls])] if all(c.get("tokens") for c in toks.calls) else None
+        judged[s] = compare_side(runs[key], plans, s, views[s], tolerances, use_tensors, ends)
         dep = departure(plans, judged[s], runs[key])
         agree = sum(j["matches_reference"] is True for j in judged[s].values())
         doc["sides"][s] = {"ran": True, "forward_dtype": fdt, "points": len(judged[s]), "matching": agree,
                            "departure": dep, "matches_everywhere": dep is None and bool(judged[s])}
         if dep is not None:
             doc["hypotheses"].append(hypotheses(refmodel, r, runs[key], ids, fdt, dep, plans, s, views[s],
-                                                judged[s], tolerances, use_tensors, namer))
+                                                judged[s], tolerances, use_tensors, namer, ends))
     doc["ran"] = bool(judged)
     if not judged:
         doc["reason"] = "; ".join(f"{s}: {v['reason']}" for s, v in doc["sides"].items()) or "no side to run"
@@ -233,6 +244,31 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
                      for cid in sorted({c for j in judged.values() for c in j})}
     doc["verdict"] = verdict(doc)
     return doc
+
+
+def _share(found: dict) -> None:
+    """A side whose ids stay unknown takes the other side's when both ran the same number of tokens
+    and its own ids statistics (each call's Min and Max) hold them: the train forward of a rollout's
+    prompt and sampled tokens, whose decode steps named the sampled ones."""
+    for s, (carriers, emb, dtype, toks) in list(found.items()):
+        other = next((found[o][3] for o in found if o != s and found[o][3].unique), None)
+        if toks.unique or other is None or not toks.calls:
+            continue
+        counts = [c.get("tokens") for c in toks.calls]
+        if None in counts or sum(counts) != len(other.ids):
+            continue
+        pos, calls = 0, []
+        for c, n in zip(toks.calls, counts):
+            part = other.ids[pos:pos + n]
+            pos += n
+            known = c.get("known") or ([min(c["ids"]), max(c["ids"])] if c.get("ids") else [])
+            if known and (min(part), max(part)) != (known[0], known[-1]):
+                break
+            calls.append({**c, "ids": part, "unique": True, "how": c["how"] if c["unique"] else "other side"})
+        else:
+            found[s] = (carriers, emb, dtype, TokenIds(list(other.ids), "other side", True,
+                                                       f"{len(other.ids)} token(s) of the other side, which ran as many "
+                                                       f"and whose ids fit this side's ids statistics", calls))
 
 
 def summary(doc: dict | None) -> dict | None:

@@ -76,7 +76,7 @@ def _config_candidates(config: dict, eps: float | None, theta: float | None, act
 
 
 def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, plans, side: str, view,
-               judged: dict, tolerances: dict, use_tensors: bool, namer) -> dict:
+               judged: dict, tolerances: dict, use_tensors: bool, namer, call_ends: list[int] | None) -> dict:
     """Candidates injected at the departing layer of ``side``, with their residuals."""
     layer = dep["layer"]
     at = [p for p in plans if p.cid in judged and _layer_of(p.point) == layer]
@@ -104,7 +104,7 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
     tried = []
     for kind, label, weights, over, dtype in cands[:_MAX_CANDIDATES]:
         sim = _simulate(refmodel, ref, run, ids, dtype, layer, weights, over, namer)
-        got = compare_side(sim, at, side, view, tolerances, use_tensors)
+        got = compare_side(sim, at, side, view, tolerances, use_tensors, call_ends)
         errs = [g["error"] for g in got.values() if g["error"] is not None]
         ok = bool(got) and all(g["matches_reference"] is True for g in got.values())
         tried.append({"kind": kind, "candidate": label, "config": over or None, "dtype": dtype,

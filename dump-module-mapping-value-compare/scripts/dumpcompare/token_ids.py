@@ -110,8 +110,9 @@ def recover(carriers: dict, view, embedding: np.ndarray | None, given: list[int]
     leaf per step). ``embedding``: the checkpoint's embedding matrix (None without one).
     """
     tok, emb = carriers.get("tokens") or [], carriers.get("embed") or []
-    if given is not None:
-        return _check_given(given, tok, emb)
+    total = sum((lf.numel or 0) * (len(lf.per_call) if lf.per_call is not None else 1) for lf in tok) or None
+    if given is not None and (total is None or len(given) >= total):
+        return _check_given(given, tok)
     calls: list[dict] = []
     width = embedding.shape[1] if embedding is not None else None
     rows = None
@@ -143,6 +144,9 @@ def recover(carriers: dict, view, embedding: np.ndarray | None, given: list[int]
         calls.append({"tokens": count, "ids": None, "how": "statistics", "unique": False, "known": known,
                       "reason": (f"one call holds {count} tokens: Max/Min/Mean/Norm of the call name at most a few "
                                  "of them and never their order" if count else "the call's token count is unknown")})
+    unused = None
+    if given is not None:
+        calls, unused = _fill(calls, given)
     ok = bool(calls) and all(c["unique"] for c in calls)
     ids = [i for c in calls for i in c["ids"]] if ok else None
     hows = sorted({c["how"] for c in calls})
@@ -156,7 +160,32 @@ def recover(carriers: dict, view, embedding: np.ndarray | None, given: list[int]
         detail = bad.get("reason") or (f"call {calls.index(bad)}: {len(bad.get('candidates') or [])} embedding rows "
                                        "match its statistics")
         detail += "; give the ids with --token-ids"
+    if unused:
+        detail = f"{unused}; {detail}"
     return TokenIds(ids, how, ok, detail, calls)
+
+
+def _fill(calls: list[dict], given: list[int]) -> tuple[list[dict], str | None]:
+    """Fewer ids given than the side ran (the prompt, say): they fill, in order, the calls the dump
+    could not name (a prefill), checked against the ids each such call recorded (Max, Min).
+    Returns the calls and, when the ids do not fill those calls exactly, why they were not used."""
+    out, pos = [], 0
+    for c in calls:
+        n = c.get("tokens") or 0
+        part = given[pos:pos + n]
+        if c["unique"] or not n or len(part) < n:
+            out.append(c)
+            continue
+        pos += n
+        known = c.get("known") or []
+        fits = not known or (min(part) == known[0] and max(part) == known[-1])
+        out.append({**c, "ids": part if fits else None, "how": "given", "unique": fits,
+                    "reason": None if fits else f"--token-ids {part} disagree with the call's ids (Min/Max {known})"})
+    if pos != len(given):
+        need = sum(c.get("tokens") or 0 for c in calls if not c["unique"])
+        return calls, (f"--token-ids holds {len(given)} ids, the calls the dump cannot name hold {need} tokens "
+                       f"(of {sum(c.get('tokens') or 0 for c in calls)} in all): not used")
+    return out, None
 
 
 def _count(tleaf, eleaf, width: int | None) -> int | None:
@@ -173,7 +202,7 @@ def _known_ids(stats) -> list[int]:
     return sorted({int(stats[0]), int(stats[1])})
 
 
-def _check_given(given: list[int], tok: list, emb: list) -> TokenIds:
+def _check_given(given: list[int], tok: list) -> TokenIds:
     """The user's ids, checked against the count, Max and Min the dump recorded for its ids."""
     calls = [s for lf in tok for s in _calls(lf)]
     numel = sum(lf.numel * (len(lf.per_call) if lf.per_call is not None else 1) for lf in tok
