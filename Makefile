@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/demo
 
-.PHONY: setup demo test test-slow clean bench bench-ranks fuzz install-skills
+.PHONY: setup demo test test-slow clean bench bench-ranks bench-refmodel fuzz install-skills
 
 setup: $(STAMP)
 
@@ -31,11 +31,17 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) tools/bench.py
+	$(PY) tools/bench.py --stages refmodel
 
 # Eight rank files per side at three sizes: time and memory as the input grows (default command,
 # the ranks merged by the input plan).
 bench-ranks: $(STAMP)
 	$(PY) tools/bench.py --ranks 8 --sizes 100,200,400 --stages json,compare $(BENCH_ARGS)
+
+# The numpy reference forward on a random ~300 MB Llama checkpoint: time, and peak memory against
+# the largest layer (the weights stream one module at a time).
+bench-refmodel: $(STAMP)
+	$(PY) tools/bench.py --stages refmodel $(BENCH_ARGS)
 
 fuzz: $(STAMP)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) tools/fuzz_dumps.py --cases 2000 $(FUZZ_ARGS)

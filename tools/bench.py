@@ -17,6 +17,11 @@ shards), and the memory ratio is then against the largest rank file. ``--sizes``
 set per size and adds a ``scale`` line per pipeline stage: how its time and peak memory grow
 with the input (``make bench-ranks``: 8 ranks per side at 100, 200 and 400 MB per side).
 
+Reference forward (``refmodel``, ``make bench-refmodel``): ``tools/refmodel_bench.py`` writes a
+random bf16 Llama checkpoint of ``--refmodel-mb`` (default 300); the numpy forward of
+dumpcompare.refmodel runs on ``--refmodel-tokens`` tokens; its peak memory over a baseline process
+(imports and headers only) is set against the checkpoint's largest layer.
+
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
 
@@ -55,7 +60,10 @@ BIGDUMP = ROOT / "tools" / "bigdump.py"
 COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py"
 ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
 TESTS = ROOT / "tests"
-STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor")
+STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "refmodel")
+# Stages run when --stages is not given: the refmodel stage writes a checkpoint of hundreds of MB
+# and is asked for by name (make bench runs it after the others).
+DEFAULT_STAGES = STAGES[:-1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1e6
 
@@ -620,8 +628,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=None,
                     help="runs per timed stage (default 3; 1 with --quick)")
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help="comma-separated subset of: " + ", ".join(STAGES))
+    ap.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                    help="comma-separated subset of: " + ", ".join(STAGES) + " (default: all but refmodel)")
     ap.add_argument("--quick", action="store_true",
                     help="small run: ~50 MB per side, 1 repeat, small tensor pair")
     ap.add_argument("--keep", action="store_true", help="keep generated dumps and outputs")
@@ -656,6 +664,10 @@ def main(argv=None) -> int:
                     help="tokens of the tensor pair (default 1024; 16 with --quick)")
     ap.add_argument("--tensor-vocab", type=int, default=None,
                     help="vocabulary of the tensor pair (default 65536: ~2.3 GB of tensors, 268 MB logits per side; 256 with --quick)")
+    ap.add_argument("--refmodel-mb", type=float, default=300.0,
+                    help="size of the random Llama checkpoint of the refmodel stage (default 300)")
+    ap.add_argument("--refmodel-tokens", type=int, default=64, help="tokens of the refmodel forward (default 64)")
+    ap.add_argument("--refmodel-dtype", choices=("fp32", "bf16"), default="bf16")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -750,6 +762,9 @@ def main(argv=None) -> int:
                     info_lines.append(f"verdict (tensor, full run): {_verdict(work / 'out_tensor_rootcause')}")
             results["ratio_lines"] = list(ratio_lines)
 
+        if "refmodel" in stages:
+            run_refmodel(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+
         info_lines.append(f"machine: {os.cpu_count()} cores, "
                           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
                           f"python {py}; repeats {args.repeat}; bench wall "
@@ -775,6 +790,43 @@ def main(argv=None) -> int:
             if not args.workdir:
                 shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def run_refmodel(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+                 ratio_lines: list, info_lines: list) -> None:
+    """The reference forward on a random Llama checkpoint: time, and peak memory against its
+    largest layer (tools/refmodel_bench.py)."""
+    import refmodel_bench as rb
+
+    folder = work / "refmodel_llama"
+    created.append(folder)
+    log(f"writing a random Llama checkpoint of ~{args.refmodel_mb:g} MB in {folder}")
+    proc = subprocess.run([args.python, str(ROOT / "tools" / "refmodel_bench.py"), "--out", str(folder),
+                           "--size-mb", str(args.refmodel_mb), "--seed", str(args.seed)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: refmodel_bench failed:\n{proc.stderr}")
+    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    info_lines.append(
+        f"refmodel checkpoint: {_mb(sizes['file_bytes'])} MB bf16, {sizes['layers']} layers, largest layer "
+        f"{_mb(sizes['largest_layer_bytes'])} MB, head {_mb(sizes['head_bytes'])} MB; "
+        f"{args.refmodel_tokens} tokens, dtype {args.refmodel_dtype}")
+    common = [str(rb.SCRIPTS), str(folder)]
+    base = run_stage("refmodel: imports + headers (baseline)", [args.python, "-c", rb.BASELINE, *common],
+                     args.repeat, mem_limit=mem_limit)
+    st = run_stage("refmodel: numpy forward", [args.python, "-c", rb.FORWARD, *common, str(args.refmodel_tokens),
+                                               args.refmodel_dtype], args.repeat, mem_limit=mem_limit)
+    layer = sizes["largest_layer_bytes"]
+    for stage in (base, st):
+        results["stages"][stage.name] = _stage_json(stage)
+        rows.append(stage_row(stage, None, layer))
+    if st.peak is not None and base.peak is not None:
+        over = st.peak - base.peak
+        ratio_lines.append(
+            f"ratio refmodel: peak {_mb(st.peak)} MB, over the baseline {_mb(over)} MB = "
+            f"{_fmt_ratio(_ratio(over, layer))} the largest layer ({_mb(layer)} MB bf16; float32 in memory is 2x), "
+            f"{_fmt_ratio(_ratio(over, sizes['file_bytes']))} the checkpoint; median {_fmt_s(st.median)} s")
+        results["refmodel"] = {**sizes, "peak_bytes": st.peak, "baseline_peak_bytes": base.peak,
+                               "median_s": st.median}
 
 
 def _stage_json(st: Stage) -> dict:

@@ -63,15 +63,28 @@ class Checkpoint:
             return widen_bf16(raw)
         return raw.astype(raw.dtype.newbyteorder("="), copy=True)
 
+    def _release(self, name: str) -> None:
+        """Hand the file pages of ``name`` back: a copy was taken, and a mapped page once read
+        stays in the process's resident memory until unmapped (the page cache still keeps it),
+        so reading a whole model tensor by tensor would otherwise hold all of it."""
+        info = self.tensors[name]
+        if hasattr(mmap, "MADV_DONTNEED"):
+            start = info.start - info.start % mmap.PAGESIZE
+            self._maps[info.file].madvise(mmap.MADV_DONTNEED, start, info.end - start)
+
     def read(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a numpy array (bf16 widened to float32; a fresh copy)."""
-        return self._own(self._raw(name), self.tensors[name].dtype)
+        out = self._own(self._raw(name), self.tensors[name].dtype)
+        self._release(name)
+        return out
 
     def rows(self, name: str, index) -> np.ndarray:
         """Part of tensor ``name`` along its first axis (an int, slice or integer array), reading
         only those bytes of the file (bf16 widened to float32; a fresh copy): an embedding's rows
         for a few tokens, one expert of a stacked tensor, a block of a large head."""
-        return self._own(self._raw(name)[index], self.tensors[name].dtype)
+        out = self._own(self._raw(name)[index], self.tensors[name].dtype)
+        self._release(name)
+        return out
 
     def dtype_name(self, name: str) -> str:
         """The stored dtype of ``name`` as a side dtype name (bfloat16, float32, ...)."""

@@ -43,16 +43,20 @@ class Output:
 
 def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str = "fp32",
             inject: Injection | None = None, start_layer: int = 0, hidden: np.ndarray | None = None,
-            positions: np.ndarray | None = None) -> Iterator[Output]:
+            positions: np.ndarray | None = None, attention: str = "eager") -> Iterator[Output]:
     """Run the checkpoint's forward on one sequence of ``token_ids`` and yield each module's output.
 
     ``dtype``: "fp32", or "bf16" to round weights and each module output (and the residual
     stream) to bfloat16 as the engines do. ``start_layer`` with ``hidden`` (that layer's input,
     [tokens, hidden_size]) resumes mid-model: nothing before that layer is yielded.
-    ``positions``: rotary position ids (default 0..T-1). Raises spec.UnsupportedModel for a family
-    or feature not implemented, ValueError for bad arguments."""
+    ``positions``: rotary position ids (default 0..T-1). ``attention``: where the attention kernel
+    rounds in bf16 (ops.attention: "eager" is transformers' eager attention, "flash" a flash
+    kernel, "fp32" none). Raises spec.UnsupportedModel for a family or feature not implemented,
+    ValueError for bad arguments."""
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"dtype must be fp32 or bf16, not {dtype!r}")
+    if attention not in ops.ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ops.ATTENTION)}, not {attention!r}")
     inject = inject or Injection()
     rnd = ops.bf16 if dtype == "bf16" else ops.identity
     base = resolve(config)
@@ -60,6 +64,8 @@ def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str
     spec_at = lambda i: hurt if i >= inject.from_layer else base  # noqa: E731
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     t = ids.size
+    if t == 0:
+        raise ValueError("no token ids")
     pos = np.arange(t) if positions is None else np.asarray(positions, dtype=np.int64).reshape(-1)
     if pos.size != t:
         raise ValueError(f"{pos.size} positions for {t} tokens")
@@ -69,11 +75,11 @@ def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str
     if hidden is None:
         if start_layer:
             raise ValueError("start_layer > 0 needs that layer's input as hidden")
-        x = yield from _embed(w, spec_at(0) if inject.from_layer <= 0 else base, ids, pos, rnd)
+        x = yield from _embed(w, spec_at(0), ids, pos, rnd)
     else:
         x = rnd(np.asarray(hidden, dtype=np.float32).reshape(t, base.hidden))
     for i in range(start_layer, base.layers):
-        x = yield from _layer(w, spec_at(i), i, x, pos, rnd)
+        x = yield from _layer(w, spec_at(i), i, x, pos, rnd, attention)
     h = ops.rms_norm(x, w.get("model.norm.weight"), hurt.eps, rnd, hurt.family in GEMMA)
     yield Output("model.norm", h)
     yield Output("lm_head", w.head(h))
@@ -92,21 +98,21 @@ def _embed(w: Weights, s: Spec, ids: np.ndarray, pos: np.ndarray, rnd):
     if s.embed_scale is not None:     # Gemma: the scale is cast to the weights' dtype first
         x = rnd(x * rnd(np.float32(s.embed_scale)))
     yield Output("model.embed_tokens", x)
-    seen = []
-    for rope in s.ropes:              # one rotary module call per attention type (Gemma 3 has two)
-        if not any(rope is r for r in seen):
-            seen.append(rope)
-            yield Output("model.rotary_emb", ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)[0])
+    # Gemma 3 calls its rotary module once per attention type, sliding first; the others once.
+    kinds = sorted(set(s.layer_types), reverse=True) if s.family == "gemma3" else [s.layer_types[0]]
+    for kind in kinds:
+        rope = s.ropes[s.layer_types.index(kind)]
+        yield Output("model.rotary_emb", ops.rope_tables(rope.inv_freq, pos, rnd)[0])
     return x
 
 
-def _layer(w: Weights, s: Spec, i: int, x: np.ndarray, pos: np.ndarray, rnd):
+def _layer(w: Weights, s: Spec, i: int, x: np.ndarray, pos: np.ndarray, rnd, kernel: str):
     p = f"model.layers.{i}"
     gemma = s.family in GEMMA
     norm = lambda name, v: ops.rms_norm(v, w.get(f"{p}.{name}.weight", i), s.eps, rnd, gemma)  # noqa: E731
     h = norm("input_layernorm", x)
     yield Output(f"{p}.input_layernorm", h)
-    a = yield from _attention(w, s, i, h, pos, rnd)
+    a = yield from _attention(w, s, i, h, pos, rnd, kernel)
     if gemma:     # Gemma's sandwich: the sublayer's output is normed before the residual add
         a = norm("post_attention_layernorm", a)
         yield Output(f"{p}.post_attention_layernorm", a)
@@ -126,7 +132,7 @@ def _layer(w: Weights, s: Spec, i: int, x: np.ndarray, pos: np.ndarray, rnd):
     return x
 
 
-def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd):
+def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd, kernel: str):
     a = f"model.layers.{i}.self_attn"
     t, d = h.shape[0], s.head_dim
     sizes = (s.heads * d, s.kv_heads * d, s.kv_heads * d)
@@ -135,22 +141,27 @@ def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd)
     biases = w.parts(a, split, "qkv_proj", sizes, i, kind="bias")
     q, k, v = (ops.linear(h, wt, b, rnd) for wt, b in zip(weights, biases))
     fused = not w.has(f"{a}.q_proj.weight")
-    if fused:    # Phi-3: one qkv_proj module
-        yield Output(f"{a}.qkv_proj", np.concatenate([q, k, v], axis=-1))
     heads = {"q": q.reshape(t, s.heads, d), "k": k.reshape(t, s.kv_heads, d)}
+    normed = {}
     for name in ("q", "k"):
-        if not fused:
-            yield Output(f"{a}.{name}_proj", heads[name].reshape(t, -1))
         nw = w.get(f"{a}.{name}_norm.weight", i)
         if nw is not None:    # Qwen3 / Gemma 3: RMSNorm over each head
-            heads[name] = ops.rms_norm(heads[name], nw, s.eps, rnd, s.family in GEMMA)
-            yield Output(f"{a}.{name}_norm", heads[name].reshape(t, -1))
-    if not fused:
-        yield Output(f"{a}.v_proj", v)
+            normed[name] = ops.rms_norm(heads[name], nw, s.eps, rnd, s.family in GEMMA)
+    if fused:    # Phi-3: one qkv_proj module
+        order = [("qkv_proj", np.concatenate([q, k, v], axis=-1))]
+    else:
+        order = [("q_proj", q), ("q_norm", normed.get("q")), ("k_proj", k), ("k_norm", normed.get("k")), ("v_proj", v)]
+        if s.family == "gemma3":    # projections first, then the two norms
+            order = order[0::2] + order[1::2]
+    for name, out in order:
+        if out is not None:
+            yield Output(f"{a}.{name}", out.reshape(t, -1))
+    heads.update(normed)
     rope = s.ropes[i]
-    cos, sin = ops.rope_tables(rope.inv_freq, pos, rope.scale, rnd)
+    cos, sin = ops.rope_tables(rope.inv_freq, pos, rnd)
     qr, kr = (ops.apply_rope(heads[n], cos, sin, rnd) for n in ("q", "k"))
-    core = ops.attention(qr, kr, v.reshape(t, s.kv_heads, d), s.attn_scale, s.attn_softcap, s.windows[i], rnd)
+    core = ops.attention(qr, kr, v.reshape(t, s.kv_heads, d), s.attn_scale, s.attn_softcap, s.windows[i], rnd,
+                         kernel)
     o = ops.linear(core, w.get(f"{a}.o_proj.weight", i), w.get(f"{a}.o_proj.bias", i), rnd)
     yield Output(f"{a}.o_proj", o)
     yield Output(a, o)
@@ -188,15 +199,20 @@ def _moe(w: Weights, s: Spec, i: int, h: np.ndarray, rnd):
     weight = np.take_along_axis(probs, top, axis=-1)
     if s.norm_topk:
         weight = weight / weight.sum(axis=-1, keepdims=True)
-    weight = rnd(weight)
-    out = np.zeros_like(h)
+    if s.family != "mixtral":   # Mixtral's router keeps its weights in float32 (Qwen3-MoE casts them)
+        weight = rnd(weight)
+    # Each (token, slot) output times its weight, in the weight's dtype (bf16 x bf16 rounds,
+    # bf16 x fp32 does not); a token's slots summed in float32 and rounded once, as
+    # transformers' grouped experts and vLLM's fused MoE (moe_sum) do.
+    slots = np.zeros((h.shape[0], s.top_k, h.shape[1]), dtype=np.float32)
     for e in np.unique(top):    # experts in index order, each on the tokens routed to it
         tok, slot = np.nonzero(top == e)
         gate_w, up_w, down_w = w.expert(i, int(e))
         xs = h[tok]
         inner = rnd(ops.act(s.act, ops.linear(xs, gate_w, None, rnd), rnd) * ops.linear(xs, up_w, None, rnd))
-        y = rnd(ops.linear(inner, down_w, None, rnd) * weight[tok, slot][:, None])
-        out[tok] = rnd(out[tok] + y)
+        y = ops.linear(inner, down_w, None, rnd) * weight[tok, slot][:, None]
+        slots[tok, slot] = y if s.family == "mixtral" else rnd(y)
+    out = rnd(slots.sum(axis=1))
     yield Output(f"{m}.experts", out)
     yield Output(m, out)
     return out

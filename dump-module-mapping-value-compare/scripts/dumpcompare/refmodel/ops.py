@@ -11,7 +11,6 @@ from typing import Callable
 
 import numpy as np
 
-from .. import tensorio
 from ..replay import activation
 
 Round = Callable[[np.ndarray], np.ndarray]
@@ -23,8 +22,22 @@ def identity(a: np.ndarray) -> np.ndarray:
 
 
 def bf16(a: np.ndarray) -> np.ndarray:
-    """bf16 rounding point: round to nearest even bfloat16, held as float32."""
-    return tensorio.widen_bf16(tensorio.bfloat16_bits(a))
+    """bf16 rounding point: round to nearest even bfloat16 (as torch casts), held as float32.
+
+    The same rounding as tensorio.bfloat16_bits, done in place on the float32 bits: a forward
+    rounds weight blocks of tens of millions of values, and 64-bit temporaries would cost
+    eight times the block."""
+    x = np.array(a, dtype=np.float32)
+    bits = x.view(np.uint32)
+    carry = (bits >> 16) & 1
+    carry += 0x7FFF
+    nan = np.isnan(x)
+    bits += carry       # finite and infinite values cannot wrap (at most 0xFF807FFF)
+    del carry
+    bits &= 0xFFFF0000
+    if nan.any():       # a NaN's bits may have wrapped: the quiet NaN, as torch writes it
+        x[nan] = np.nan
+    return x
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, rnd: Round, plus_one: bool = False) -> np.ndarray:
@@ -49,11 +62,11 @@ def act(name: str, x: np.ndarray, rnd: Round) -> np.ndarray:
         return rnd(activation(name, np.asarray(x, dtype=np.float32)).astype(np.float32))
 
 
-def rope_tables(inv_freq: np.ndarray, positions: np.ndarray, scale: float, rnd: Round) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(inv_freq: np.ndarray, positions: np.ndarray, rnd: Round) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [tokens, rotary dim] of the positions (both halves repeat, as transformers lays them)."""
     ang = positions.astype(np.float32)[:, None] * inv_freq[None, :]
     ang = np.concatenate([ang, ang], axis=-1)
-    return rnd(np.cos(ang) * np.float32(scale)), rnd(np.sin(ang) * np.float32(scale))
+    return rnd(np.cos(ang)), rnd(np.sin(ang))
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rnd: Round) -> np.ndarray:
@@ -63,23 +76,32 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rnd: Round) -> n
     rot, rest = x[..., :d], x[..., d:]
     half = d // 2
     turned = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
-    out = rot * cos[:, None, :] + turned * sin[:, None, :]
-    return rnd(np.concatenate([out, rest], axis=-1))
+    # transformers rotates in the activation dtype: each product and the sum round
+    out = rnd(rnd(rot * cos[:, None, :]) + rnd(turned * sin[:, None, :]))
+    return np.concatenate([out, rest], axis=-1)
+
+
+ATTENTION = ("eager", "flash", "fp32")
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap: float | None,
-              window: int | None, rnd: Round) -> np.ndarray:
+              window: int | None, rnd: Round, kernel: str = "eager") -> np.ndarray:
     """Causal grouped-query attention of q [T, H, D], k/v [T, KV, D] -> [T, H * D], rounded.
 
     One sequence, masked by token order: token i sees tokens j <= i (and j > i - window with a
-    sliding window), whatever position ids the rotary embedding was given."""
+    sliding window), whatever position ids the rotary embedding was given. ``kernel`` says where
+    the attention kernel rounds (bf16 only): ``eager`` as transformers' eager attention (the
+    scores, the scaled and soft-capped scores and the probabilities each rounded), ``flash`` as
+    flash-attention (scores in float32, probabilities rounded before p @ v), ``fp32`` (nothing
+    rounded before the output)."""
     t, h, d = q.shape
     group = h // k.shape[1]
     kk = np.repeat(k, group, axis=1)
     vv = np.repeat(v, group, axis=1)
-    scores = np.einsum("thd,shd->hts", q, kk) * np.float32(scale)
+    inner = rnd if kernel == "eager" else identity
+    scores = inner(inner(np.einsum("thd,shd->hts", q, kk)) * np.float32(scale))
     if softcap:
-        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
+        scores = inner(inner(np.tanh(inner(scores / np.float32(softcap)))) * np.float32(softcap))
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     allowed = j <= i
     if window:
@@ -88,7 +110,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
-    p = rnd(p)     # the probabilities are cast back to the activation dtype before p @ v
+    if kernel != "fp32":
+        p = rnd(p)
     out = np.einsum("hts,shd->thd", p, vv)
     return rnd(out.reshape(t, h * d)).astype(np.float32)
 

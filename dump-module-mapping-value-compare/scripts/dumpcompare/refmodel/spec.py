@@ -34,10 +34,9 @@ class UnsupportedModel(ValueError):
 @dataclass(frozen=True)
 class Rope:
     """Rotary embedding of one attention type: inverse frequencies (float32, as transformers
-    computes them) over the first ``dim`` features of each head, and the cos/sin scale."""
+    computes them) over the first ``dim`` features of each head."""
     inv_freq: np.ndarray
     dim: int
-    scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,13 +48,13 @@ class Spec:
     kv_heads: int
     head_dim: int
     layers: int
-    vocab: int
     eps: float
     act: str
     attn_scale: float
     attn_softcap: float | None
     final_softcap: float | None
     embed_scale: float | None
+    layer_types: tuple      # per layer: "sliding_attention" or "full_attention"
     windows: tuple          # per layer: sliding window or None
     ropes: tuple            # per layer: Rope
     tied: bool
@@ -114,6 +113,8 @@ def _rope_params(fam: str, cfg: dict, over: dict, kind: str) -> dict:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if isinstance(params.get(kind), dict):      # per attention type (Gemma 3, transformers 5)
         params = params[kind]
+    elif fam == "gemma3" and kind == "sliding_attention":
+        params = {}     # an older Gemma 3 config's rope_scaling is for its full-attention layers only
     out = {k: v for k, v in params.items() if k != "type"}
     out.setdefault("rope_type", params.get("type", "default"))
     # Gemma 3's sliding layers rotate with their own base (rope_local_base_freq before transformers 5).
@@ -157,9 +158,9 @@ def resolve(config: dict, over: dict | None = None) -> Spec:
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     n = int(cfg["num_hidden_layers"])
-    act_name = (_pick(cfg, over, "hidden_act", "hidden_activation") if "hidden_act" in over else
-                _pick(cfg, over, "hidden_activation", "hidden_act") if fam in GEMMA else
-                _pick(cfg, over, "hidden_act", "hidden_activation", default="silu"))
+    # Gemma reads hidden_activation; an injected hidden_act replaces the activation in any family.
+    keys = ("hidden_activation", "hidden_act") if fam in GEMMA else ("hidden_act", "hidden_activation")
+    act_name = over.get("hidden_act", _pick(cfg, over, *keys, default="silu"))
     act = ACTIVATIONS.get(str(act_name))
     if act is None:
         raise UnsupportedModel(f"activation {act_name!r} is not implemented by the reference forward")
@@ -181,12 +182,14 @@ def resolve(config: dict, over: dict | None = None) -> Spec:
     moe = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n))
     return Spec(
         family=fam, hidden=hidden, heads=heads, kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=head_dim, layers=n, vocab=int(cfg["vocab_size"]),
+        head_dim=head_dim, layers=n,
         eps=float(_pick(cfg, over, "rms_norm_eps", default=1e-6)), act=act, attn_scale=scale,
         attn_softcap=gemma_cap("attn_logit_softcapping"), final_softcap=gemma_cap("final_logit_softcapping"),
         embed_scale=embed_scale,
-        windows=tuple(int(window) if window and t == "sliding_attention" else None for t in types),
+        layer_types=tuple(types), windows=tuple(int(window) if window and t == "sliding_attention" else None for t in types),
         ropes=tuple(ropes[t] for t in types),
         tied=bool(_pick(cfg, over, "tie_word_embeddings", default=fam in GEMMA)),
         moe_layers=moe, experts=experts, top_k=int(_pick(cfg, over, "num_experts_per_tok", default=0)) if fam in MOE else 0,
-        norm_topk=bool(_pick(cfg, over, "norm_topk_prob", default=fam == "mixtral")) if fam in MOE else False)
+        # Mixtral always renormalises the top-k weights (its config has no norm_topk_prob).
+        norm_topk=bool(over.get("norm_topk_prob", True) if fam == "mixtral" else _pick(cfg, over, "norm_topk_prob",
+                                                                                        default=False)))

@@ -19,7 +19,7 @@ from .spec import Spec, UnsupportedModel
 
 PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 # Rows of a large head read at once: bounds the head's memory to this many rows of float32.
-HEAD_BLOCK = 8192
+HEAD_BLOCK = 4096
 
 
 class Weights:
@@ -47,18 +47,23 @@ class Weights:
         return self.inject.get(name)
 
     # -- reads ---------------------------------------------------------------------------------
-    def raw(self, name: str, layer: int | None = None) -> np.ndarray | None:
-        """Tensor ``name`` with its injection applied, not rounded (None when not stored)."""
-        if not self.has(name):
-            return None
-        a = self.ckpt.read(self._stored(name))
-        fn = self._fn(name, layer)
-        return np.asarray(fn(a), dtype=np.float32) if fn else a.astype(np.float32, copy=False)
+    def _load(self, stored: str, index=None) -> np.ndarray:
+        """float32 values of a stored tensor (or of its rows ``index``), unrounded."""
+        a = self.ckpt.read(stored) if index is None else self.ckpt.rows(stored, index)
+        return a.astype(np.float32, copy=False)
+
+    def _round(self, a: np.ndarray, stored: str, changed: bool) -> np.ndarray:
+        # Values read from a bf16 file are on the bf16 grid already; rounding them again would
+        # only cost the memory of a second copy.
+        return a if not changed and self.ckpt.tensors[stored].dtype == "BF16" else self.rnd(a)
 
     def get(self, name: str, layer: int | None = None) -> np.ndarray | None:
         """Tensor ``name`` injected and rounded to the forward's dtype (None when not stored)."""
-        a = self.raw(name, layer)
-        return None if a is None else self.rnd(a)
+        if not self.has(name):
+            return None
+        stored = self._stored(name)
+        a, fn = self._load(stored), self._fn(name, layer)
+        return self._round(np.asarray(fn(a), dtype=np.float32) if fn else a, stored, fn is not None)
 
     def parts(self, base: str, split: tuple[str, ...], fused: str, sizes: tuple[int, ...] | None, layer: int,
               kind: str = "weight") -> list[np.ndarray | None]:
@@ -69,10 +74,11 @@ class Weights:
         fused_name = f"{base}.{fused}.{kind}"
         cuts = np.cumsum(sizes)[:-1] if sizes else len(split)
         if all(self.has(n) for n in names):
-            arrays = [self.ckpt.read(self._stored(n)).astype(np.float32, copy=False) for n in names]
+            stored = [self._stored(n) for n in names]
+            arrays = [self._load(n) for n in stored]
         elif self.has(fused_name):
-            whole = self.ckpt.read(self._stored(fused_name)).astype(np.float32, copy=False)
-            arrays = np.split(whole, cuts, axis=0)
+            stored = [self._stored(fused_name)] * len(split)
+            arrays = np.split(self._load(stored[0]), cuts, axis=0)
         elif kind == "bias":
             return [None] * len(split)
         else:
@@ -81,9 +87,10 @@ class Weights:
         if fn:
             arrays = np.split(np.asarray(fn(np.concatenate(arrays, axis=0)), dtype=np.float32), cuts, axis=0)
         out = []
-        for n, a in zip(names, arrays):
-            fn = self._fn(n, layer)
-            out.append(self.rnd(np.asarray(fn(a), dtype=np.float32) if fn else a))
+        for n, st, a in zip(names, stored, arrays):
+            part_fn = self._fn(n, layer)
+            out.append(self._round(np.asarray(part_fn(a), dtype=np.float32) if part_fn else a, st,
+                                   bool(fn or part_fn)))
         return out
 
     def embedding(self, ids: np.ndarray) -> np.ndarray:
@@ -93,7 +100,11 @@ class Weights:
         if name in self.inject:
             return self.get(name)[ids]
         uniq, back = np.unique(ids, return_inverse=True)
-        return self.rnd(self.ckpt.rows(self._stored(name), uniq).astype(np.float32, copy=False))[back]
+        stored = self._stored(name)
+        rows = self.ckpt.tensors[stored].shape[0]
+        if uniq[0] < 0 or uniq[-1] >= rows:
+            raise ValueError(f"token ids must lie in 0..{rows - 1} (the embedding's rows), not {uniq[0]}..{uniq[-1]}")
+        return self._round(self._load(stored, uniq), stored, False)[back]
 
     def head_stored(self) -> str:
         """The stored tensor the head multiplies by: lm_head.weight, or the embedding when tied
@@ -113,12 +124,12 @@ class Weights:
         if fn is None and stored == self._stored("model.embed_tokens.weight"):
             fn = self.inject.get("model.embed_tokens.weight")
         if fn:
-            w = self.rnd(np.asarray(fn(self.ckpt.read(stored)), dtype=np.float32))
+            w = self.rnd(np.asarray(fn(self._load(stored)), dtype=np.float32))
             return self.rnd(x @ w.T)
         rows = self.ckpt.tensors[stored].shape[0]
         out = np.empty((x.shape[0], rows), dtype=np.float32)
         for start in range(0, rows, HEAD_BLOCK):
-            w = self.rnd(self.ckpt.rows(stored, slice(start, start + HEAD_BLOCK)).astype(np.float32, copy=False))
+            w = self._round(self._load(stored, slice(start, start + HEAD_BLOCK)), stored, False)
             out[:, start:start + w.shape[0]] = x @ w.T
         return self.rnd(out)
 
@@ -138,10 +149,10 @@ class Weights:
         return gate, up, down
 
     def _stacked(self, name: str, e: int, layer: int) -> np.ndarray:
-        fn = self._fn(name, layer)
+        fn, stored = self._fn(name, layer), self._stored(name)
         if fn:
-            return self.rnd(np.asarray(fn(self.ckpt.read(self._stored(name))), dtype=np.float32)[e])
-        return self.rnd(self.ckpt.rows(self._stored(name), e).astype(np.float32, copy=False))
+            return self.rnd(np.asarray(fn(self._load(stored)), dtype=np.float32)[e])
+        return self._round(self._load(stored, e), stored, False)
 
     def router(self, layer: int) -> np.ndarray:
         """The router weight [E, hidden] of a mixture-of-experts layer."""
