@@ -194,11 +194,11 @@ def _forward_side(f: dict, forward: dict | None) -> list[str]:
     side, why = side_from_forward(forward)
     if not side:
         return []
-    if f.get("side") not in (None, "undetermined"):
-        if f["side"] != side:
-            f["side_reason"] = f"{f.get('side_reason') or ''} (the reference forward says {side}: {why})".strip()
+    if f.get("side") not in (None, "undetermined", side):
+        f["side_reason"] = f"{f.get('side_reason') or ''} (the reference forward says {side}: {why})".strip()
         return []
-    f["side"], f["side_reason"] = side, why
+    if f.get("side") != side:
+        f["side"], f["side_reason"] = side, why
     hyp = (forward.get("reproduced_by") or {}).get(side) if side != "both" else None
     dep = (forward.get(side) or {}).get("departure") if side != "both" else None
     if hyp and dep:
