@@ -225,6 +225,11 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         if key not in runs:
             try:
                 runs[key] = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer)
+                head = runs[key].arrays.get("M.logits")
+                if head is not None:
+                    # What an engine's logits processor returns: the head's output after Gemma 2's
+                    # final softcapping (the vllm profile's M.logits_out).
+                    _put(runs[key].arrays, runs[key].order, "M.logits_out", refmodel.final_logits(r.config, head, fdt))
             except (refmodel.UnsupportedModel, ValueError) as exc:
                 doc["sides"][s] = {"ran": False, "reason": f"the reference forward cannot run this model: {exc}"}
                 continue

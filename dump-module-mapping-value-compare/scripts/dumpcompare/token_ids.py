@@ -75,10 +75,6 @@ def _calls(leaf) -> list[tuple[float | None, float | None, float | None, float |
     return [(leaf.max, leaf.min, leaf.mean, leaf.norm)]
 
 
-def _close(a: float | None, b: float, rel: float) -> bool:
-    return a is not None and abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
-
-
 class RowIndex:
     """Max/Min/Mean/Norm of every embedding row in one dtype, for matching one-token calls."""
 
