@@ -56,7 +56,7 @@ def point_arrays(outputs, namer: Namer, base: dict | None = None) -> RefRun:
                            rule["role"], rule.get("block", ""), "hf", list(rule.get("parts") or []))
         entry = Entry(path, 0, "module", path, rule["role"], "forward", 0, [Leaf("output.0")], 1)
         for port in namer.ports_for(rec, entry, last, layer_roles):
-            if port.leaf == "output.0" and "+" not in port.point:
+            if port.leaf == "output.0":
                 _put(arrays, order, port.point, arr)
     _derive(arrays, order, last)
     return RefRun(arrays, order)
@@ -139,6 +139,8 @@ def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
 
 def point_reference(run: RefRun, point: str) -> np.ndarray | None:
     """The reference tensor of a (possibly fused) point: its parts side by side."""
+    if point in run.arrays:            # a fused output the reference yields whole (Phi-3's qkv_proj)
+        return run.arrays[point]
     parts = [run.arrays.get(p) for p in point.split("+")]
     if any(p is None for p in parts) or len({p.shape[0] for p in parts}) != 1:
         return None
