@@ -40,25 +40,43 @@ class RefRun:
     order: dict[str, int]
 
 
-def point_arrays(outputs, namer: Namer, base: dict | None = None) -> RefRun:
+# Points the derived ones are computed from (_derive): kept whatever the plan compares.
+_DERIVE_FROM = ("resid_in", "resid_out", "attn_out", "attn_out_normed", "act_gate", "up")
+
+
+def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | None = None) -> RefRun:
     """Name the reference's HF module outputs as the mapping plan's points (``base``: points
-    already known, such as the stream a resumed forward starts from)."""
-    outs = [(namer.strip_wrappers(o.module), np.asarray(o.array, dtype=np.float32)) for o in outputs]
-    classified = [(path, arr, *namer.classify(path)) for path, arr in outs]
-    layers = [lay for _p, _a, lay, _l, _r in classified if lay is not None]
-    last = max(layers) if layers else None
-    layer_roles = {(lay, rule["role"]): path for path, _a, lay, _l, rule in classified if rule is not None}
+    already known, such as the stream a resumed forward starts from; ``keep``: the points to hold,
+    all when None). Outputs are named one layer at a time (a layer's later modules decide the
+    names of its earlier ones, Gemma's post-attention norm), so memory holds one layer's outputs
+    plus the kept points."""
     arrays, order = dict(base or {}), {k: i for i, k in enumerate(base or {})}
-    for path, arr, layer, local, rule in classified:
-        if rule is None:
-            continue
-        rec = ModuleRecord("reference", 0, path, "module", "forward", path, path, rule["role"], 0, layer, local,
-                           rule["role"], rule.get("block", ""), "hf", list(rule.get("parts") or []))
-        entry = Entry(path, 0, "module", path, rule["role"], "forward", 0, [Leaf("output.0")], 1)
-        for port in namer.ports_for(rec, entry, last, layer_roles):
-            if port.leaf == "output.0":
-                _put(arrays, order, port.point, arr)
-    _derive(arrays, order, last)
+    wanted = None if keep is None else {p for k in keep for p in k.split("+")} | set(keep)
+
+    def flush(group: list) -> None:
+        layer_roles = {(lay, rule["role"]): path for path, _a, lay, _l, rule in group if rule is not None}
+        for path, arr, layer, local, rule in group:
+            if rule is None:
+                continue
+            rec = ModuleRecord("reference", 0, path, "module", "forward", path, path, rule["role"], 0, layer, local,
+                               rule["role"], rule.get("block", ""), "hf", list(rule.get("parts") or []))
+            entry = Entry(path, 0, "module", path, rule["role"], "forward", 0, [Leaf("output.0")], 1)
+            for port in namer.ports_for(rec, entry, None, layer_roles):
+                if port.leaf == "output.0" and (wanted is None or port.point in wanted
+                                                or port.point.split(".")[-1] in _DERIVE_FROM):
+                    _put(arrays, order, port.point, arr)
+
+    group, current = [], object()
+    for o in outputs:
+        path = namer.strip_wrappers(o.module)
+        layer, local, rule = namer.classify(path)
+        if layer != current:
+            flush(group)
+            group, current = [], layer
+        group.append((path, np.asarray(o.array, dtype=np.float32), layer, local, rule))
+    flush(group)
+    layers = [int(k.split(".")[0][1:]) for k in arrays if k.startswith("L") and k.split(".")[0][1:].isdigit()]
+    _derive(arrays, order, max(layers) if layers else None)
     return RefRun(arrays, order)
 
 
@@ -199,6 +217,7 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         doc["verdict"] = verdict(doc)
         return doc
     runs, judged, found = {}, {}, {}
+    needed = {p.point for p in plans if p.axis == "features"}
     for s in SIDES:
         r = refs.get(s)
         if r is None:
@@ -226,7 +245,7 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         key = (id(r), tuple(toks.ids), fdt)
         if key not in runs:
             try:
-                runs[key] = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer)
+                runs[key] = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer, keep=needed)
                 head = runs[key].arrays.get("M.logits")
                 if head is not None:
                     # What an engine's logits processor returns: the head's output after Gemma 2's

@@ -103,7 +103,7 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
     cands.append(("dtype", f"forward in {other} instead of {forward_dtype}", {}, {}, other))
     tried = []
     for kind, label, weights, over, dtype in cands[:_MAX_CANDIDATES]:
-        sim = _simulate(refmodel, ref, run, ids, dtype, layer, weights, over, namer)
+        sim = _simulate(refmodel, ref, run, ids, dtype, layer, weights, over, namer, at)
         got = compare_side(sim, at, side, view, tolerances, use_tensors, call_ends)
         errs = [g["error"] for g in got.values() if g["error"] is not None]
         ok = bool(got) and all(g["matches_reference"] is True for g in got.values())
@@ -116,7 +116,7 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
 
 
 def _simulate(refmodel, ref, run: RefRun, ids, dtype: str, layer: int | None, weights: dict, over: dict,
-              namer) -> RefRun:
+              namer, plans) -> RefRun:
     """The reference re-run with one injection, resumed at ``layer`` from the reference stream."""
     start = layer or 0
     hidden = run.arrays.get(f"L{start - 1}.resid_out") if start else None
@@ -130,4 +130,4 @@ def _simulate(refmodel, ref, run: RefRun, ids, dtype: str, layer: int | None, we
         outs.append(out)
     # Points before the resumed layer come from the reference run (the stream the layer starts from).
     before = {k: v for k, v in run.arrays.items() if start and _layer_of(k) is not None and _layer_of(k) < start}
-    return point_arrays(outs, namer, before)
+    return point_arrays(outs, namer, before, {p.point for p in plans})
