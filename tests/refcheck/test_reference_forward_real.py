@@ -196,6 +196,8 @@ def test_switch_off_wrong_ids_and_unsupported_family(tmp_path, llama_ids):
     assert not rf["ran"] and "holds 5 ids" in rf["tokens"]["train"]["detail"] and "not used" in rf["tokens"]["train"]["detail"]
     bad = run(COMPARE, name, tmp_path / "bad", "--token-ids", "[1, -2]")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--token-ids" in bad.stderr
+    alone = run(COMPARE, name, tmp_path / "bad", "--reference-forward", model=False)
+    assert alone.returncode == 2 and "--reference-forward needs --model" in alone.stderr
     own = tmp_path / "model"
     shutil.copytree(CORPUS / "_models" / "llama", own)
     cfg = json.loads((own / "config.json").read_text())
@@ -235,3 +237,18 @@ def test_the_prompt_alone_recovers_a_generation(name, tmp_path, llama_ids):
     else:
         assert rf["verdict"]["side"] == bad and rf["sides"]["train"]["matches_everywhere"]
         assert rf["sides"][bad]["departure"]["layer"] == case(name)["expected"]["layer"]
+
+
+def test_verdict_table():
+    from dumpcompare.refforward import verdict
+
+    def doc(train, rollout):
+        side = lambda d: {"ran": True, "points": 9, "departure": d and {"point": d, "layer": int(d[1])}}  # noqa: E731
+        return {"sides": {"train": side(train), "rollout": side(rollout)}}
+    assert verdict(doc(None, None))["side"] == "neither"
+    assert verdict(doc("L1.mlp_out", None))["side"] == "train"
+    assert verdict(doc(None, "L0.q"))["side"] == "rollout"
+    both = verdict(doc("L1.mlp_out", "L0.q"))
+    assert both["side"] == "both" and both["first"] == "rollout"
+    assert verdict(doc("L0.resid_in", "L0.resid_in"))["side"] == "undetermined"
+    assert verdict({"sides": {"train": {"ran": False}}})["side"] == "undetermined"
