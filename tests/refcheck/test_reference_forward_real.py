@@ -252,3 +252,14 @@ def test_verdict_table():
     assert both["side"] == "both" and both["first"] == "rollout"
     assert verdict(doc("L0.resid_in", "L0.resid_in"))["side"] == "undetermined"
     assert verdict({"sides": {"train": {"ran": False}}})["side"] == "undetermined"
+
+
+def test_a_stale_weight_dumped_as_a_tensor_reproduces_its_side(tmp_path):
+    assert run(COMPARE, "llama_tp1_tensor_stale_rollout", tmp_path).returncode == 0
+    rf = _forward(tmp_path)
+    hyp = rf["hypotheses"][0]
+    dep = rf["sides"]["rollout"]["departure"]
+    assert hyp["side"] == "rollout" and dep["point"] == "L1.mlp_out" and dep["how"] == "tensor"
+    best, *rest = hyp["candidates"]
+    assert hyp["reproduced_by"] == [best["candidate"]] == ["the rollout side's own L1.down.weight (differs from the checkpoint)"]
+    assert best["residual"] < dep["tolerance"] / 10 and all(not t["reproduces"] for t in rest)

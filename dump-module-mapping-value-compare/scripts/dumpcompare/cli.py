@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> dict:
     forward = None
     if any(refs.values()) and args.reference_forward is not False:
         say("running the reference forward")
-        forward = refforward.run(plan.comparisons, views, recs, refs, namer, tolerances, use_tensors, given)
+        forward = refforward.run(plan.comparisons, views, recs, refs, namer, tolerances, use_tensors, given, results)
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 

@@ -203,11 +203,11 @@ def _layer(point: str) -> int | None:
 
 
 def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: dict, use_tensors: bool,
-        given: list[int] | None) -> dict:
+        given: list[int] | None, results=()) -> dict:
     """The ``reference_forward`` section: tokens per side, per-point agreement, departures and the
     fault hypotheses tested at each departure."""
     from . import refmodel  # the numpy engine; imported here so that a run without --model never loads it
-    from .simulate import hypotheses
+    from .simulate import hypotheses, own_weights
     doc = {"schema_version": SCHEMA, "ran": False, "reason": None, "family": None, "tokens": {}, "sides": {},
            "points": {}, "hypotheses": []}
     ref = next(refs[s] for s in SIDES if refs.get(s))
@@ -261,8 +261,9 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         doc["sides"][s] = {"ran": True, "forward_dtype": fdt, "points": len(judged[s]), "matching": agree,
                            "departure": dep, "matches_everywhere": dep is None and bool(judged[s])}
         if dep is not None:
+            own = own_weights(results, plans, s, views[s], dep["layer"], r.checkpoint) if use_tensors else []
             doc["hypotheses"].append(hypotheses(refmodel, r, runs[key], ids, fdt, dep, plans, s, views[s],
-                                                judged[s], tolerances, use_tensors, namer, ends))
+                                                judged[s], tolerances, use_tensors, namer, ends, own))
     doc["ran"] = bool(judged)
     if not judged:
         doc["reason"] = "; ".join(f"{s}: {v['reason']}" for s, v in doc["sides"].items()) or "no side to run"

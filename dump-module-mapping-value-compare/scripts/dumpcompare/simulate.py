@@ -18,6 +18,7 @@ import numpy as np
 
 from .compare.layout import interleave_parts
 from .refforward import RefRun, compare_side, point_arrays
+from .reference import leaf_array
 from .replay import ACTS, EPS_GRID
 
 THETAS = (1e4, 1e5, 5e5, 1e6)
@@ -75,9 +76,31 @@ def _config_candidates(config: dict, eps: float | None, theta: float | None, act
     return out
 
 
+def own_weights(results, plans, side: str, view, layer: int | None, ckpt) -> list[tuple[str, dict]]:
+    """The side's own dumped parameters that differ from the checkpoint at ``layer`` (tensor mode),
+    each as a candidate that puts it in the reference: it reproduces the side when that weight is
+    the whole fault (a stale or corrupted copy)."""
+    by_cid = {p.cid: p for p in plans}
+    out = []
+    for res in results:
+        rec = (res.reference or {}).get(side) or {}
+        names = rec.get("checkpoint_tensors") or []
+        if rec.get("matches_reference") is not False or len(names) != 1 or _layer_of(res.point) != layer:
+            continue
+        leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(by_cid[res.cid], side)]
+        arr = leaf_array(view, leaves[0]) if len(leaves) == 1 and leaves[0] is not None else None
+        if arr is None or tuple(arr.shape) != tuple(ckpt.tensors[names[0]].shape):
+            continue
+        out.append((f"the {side} side's own {res.point} (differs from the checkpoint)",
+                    {names[0]: _const(np.asarray(arr, dtype=np.float32))}))
+    return out
+
+
 def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, plans, side: str, view,
-               judged: dict, tolerances: dict, use_tensors: bool, namer, call_ends: list[int] | None) -> dict:
-    """Candidates injected at the departing layer of ``side``, with their residuals."""
+               judged: dict, tolerances: dict, use_tensors: bool, namer, call_ends: list[int] | None,
+               own: list[tuple[str, dict]] = ()) -> dict:
+    """Candidates injected at the departing layer of ``side``, with their residuals (``own``: the
+    side's differing weights, from :func:`own_weights`)."""
     layer = dep["layer"]
     at = [p for p in plans if p.cid in judged and _layer_of(p.point) == layer]
     base_err = max((judged[p.cid]["error"] or 0.0) for p in at) if at else None
@@ -88,7 +111,7 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
         stored = name if name in names else name[len("model."):] if name[len("model."):] in names else None
         return ref.checkpoint.read(stored) if stored else None
 
-    cands: list[tuple[str, str, dict, dict, str]] = []   # (kind, label, weights, config, dtype)
+    cands: list[tuple[str, str, dict, dict, str]] = [("weight", lab, w, {}, forward_dtype) for lab, w in own]
     if layer is not None:
         cands += [("layout", lab, w, {}, forward_dtype) for lab, w in _layout_candidates(read, cfg, layer)]
         nested = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
