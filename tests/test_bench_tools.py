@@ -174,3 +174,16 @@ def test_bench_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, str(BENCH), "--sizes", "100,abc"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "--sizes" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bench_refmodel_memory_stays_near_one_layer(tmp_path):
+    """The reference forward streams its weights: on a random Llama of ~180 MB (two layers of
+    23 MB, embedding and head of 66 MB each) its peak over the interpreter's stays below a few
+    layers' bytes, far below the checkpoint."""
+    proc = _run([BENCH, "--stages", "refmodel", "--repeat", "1", "--refmodel-mb", "150",
+                 "--refmodel-tokens", "16", "--workdir", tmp_path / "w"])
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("ratio refmodel:"))
+    over_layer, over_ckpt = map(float, re.search(r"= ([\d.]+)x the largest layer .*, ([\d.]+)x the checkpoint", line).groups())
+    assert over_layer < 4.0 and over_ckpt < 0.5, line
+    assert not (tmp_path / "w" / "refmodel_llama").exists()

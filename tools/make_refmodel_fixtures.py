@@ -20,6 +20,7 @@ tests/data/refmodel/_models/<family>/ first. Needs torch and transformers (/work
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -104,8 +105,6 @@ def _record(model, ids, positions, heads_first: bool) -> tuple[list[str], list[n
 
 
 def make(name: str) -> Path:
-    import json
-
     import torch
     import transformers
 

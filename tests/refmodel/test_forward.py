@@ -242,7 +242,56 @@ def test_unimplemented_features_are_named():
         next(forward(ckpt, {**ckpt.config, "model_type": "gpt2", "architectures": []}, rec["ids"]))
     with pytest.raises(ValueError, match="dtype"):
         next(forward(ckpt, ckpt.config, rec["ids"], dtype="fp16"))
+    partial = checkpoint.Checkpoint(ckpt.folder, ckpt.files, {n: t for n, t in ckpt.tensors.items()
+                                                              if n != "model.layers.1.mlp.down_proj.weight"}, ckpt.config)
+    with pytest.raises(UnsupportedModel, match="model.layers.1.mlp.down_proj.weight"):
+        list(forward(partial, ckpt.config, rec["ids"]))
     with pytest.raises(ValueError, match="0..299"):
         next(forward(ckpt, ckpt.config, np.array([1, 300])))
     with pytest.raises(ValueError, match="no token"):
         next(forward(ckpt, ckpt.config, np.array([], dtype=np.int64)))
+
+
+@pytest.mark.parametrize("case", ["llama_tp1_tensor_clean", "llama_gen_tensor_clean"])
+def test_real_train_dump_statistics_equal_the_reference(case):
+    """The real corpus: the transformers train side dumped in tensor mode (its input ids are
+    dumped too). Every module's msprobe statistics (Max, Min, Mean, Norm of output.0) equal the
+    reference forward's on the same ids, and the module set is the reference's."""
+    import re
+
+    from dumpcompare import tensorio
+
+    folder = ROOT / "tests" / "data" / "real" / case / "train" / "step0" / "proc0"
+    data = json.loads((folder / "dump.json").read_text())["data"]
+    embed = data["Module.model.embed_tokens.Embedding.forward.0"]
+    ids = tensorio.load_tensor(folder / "dump_tensor_data" / embed["input_args"][0]["data_name"]).reshape(-1)
+    ckpt = checkpoint.load(ROOT / "tests" / "data" / "real" / "_models" / "llama")
+    ref = {o.module: o.array.astype(np.float64) for o in forward(ckpt, ckpt.config, ids)}
+    checked = 0
+    for key, entry in data.items():
+        module = re.fullmatch(r"Module\.(.+)\.\w+\.forward\.0", key).group(1)
+        if module == "model":   # the model's output is a ModelOutput, not a tensor
+            continue
+        stats, a = entry["output"][0], ref[module]
+        for name, value in (("Max", a.max()), ("Min", a.min()), ("Mean", a.mean()), ("Norm", np.linalg.norm(a))):
+            assert abs(value - stats[name]) <= 1e-5 * max(abs(stats[name]), 1e-3), (module, name, value, stats[name])
+        checked += 1
+    assert checked == len(data) - 1 >= 25
+
+
+def test_multimodal_gemma3_layout_reads_the_language_model(tmp_path):
+    """A Gemma3ForConditionalGeneration folder nests the text config under text_config and
+    stores the text model under model.language_model.: the same forward, the same outputs."""
+    from refcheck.test_checkpoint_reader import write_safetensors
+
+    rec, ckpt = _recording("gemma3")
+    tensors = {name.replace("model.", "model.language_model.", 1): ("F32", ckpt.read(name)) for name in ckpt.tensors}
+    tensors["model.vision_tower.patch.weight"] = ("F32", np.ones((2, 2), dtype=np.float32))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    text = json.loads(str(rec["config"]))
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+              "text_config": {**text, "model_type": "gemma3_text"}, "vision_config": {"hidden_size": 2}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    nested = checkpoint.load(tmp_path)
+    assert family(config) == "gemma3"
+    assert _changed(_run(rec, ckpt), list(forward(nested, config, rec["ids"], positions=rec["positions"]))) == []

@@ -80,7 +80,7 @@ def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str
         x = rnd(np.asarray(hidden, dtype=np.float32).reshape(t, base.hidden))
     for i in range(start_layer, base.layers):
         x = yield from _layer(w, spec_at(i), i, x, pos, rnd, attention)
-    h = ops.rms_norm(x, w.get("model.norm.weight"), hurt.eps, rnd, hurt.family in GEMMA)
+    h = ops.rms_norm(x, w.need("model.norm.weight"), hurt.eps, rnd, hurt.family in GEMMA)
     yield Output("model.norm", h)
     yield Output("lm_head", w.head(h))
 
@@ -109,7 +109,7 @@ def _embed(w: Weights, s: Spec, ids: np.ndarray, pos: np.ndarray, rnd):
 def _layer(w: Weights, s: Spec, i: int, x: np.ndarray, pos: np.ndarray, rnd, kernel: str):
     p = f"model.layers.{i}"
     gemma = s.family in GEMMA
-    norm = lambda name, v: ops.rms_norm(v, w.get(f"{p}.{name}.weight", i), s.eps, rnd, gemma)  # noqa: E731
+    norm = lambda name, v: ops.rms_norm(v, w.need(f"{p}.{name}.weight", i), s.eps, rnd, gemma)  # noqa: E731
     h = norm("input_layernorm", x)
     yield Output(f"{p}.input_layernorm", h)
     a = yield from _attention(w, s, i, h, pos, rnd, kernel)
@@ -162,7 +162,7 @@ def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd,
     qr, kr = (ops.apply_rope(heads[n], cos, sin, rnd) for n in ("q", "k"))
     core = ops.attention(qr, kr, v.reshape(t, s.kv_heads, d), s.attn_scale, s.attn_softcap, s.windows[i], rnd,
                          kernel)
-    o = ops.linear(core, w.get(f"{a}.o_proj.weight", i), w.get(f"{a}.o_proj.bias", i), rnd)
+    o = ops.linear(core, w.need(f"{a}.o_proj.weight", i), w.get(f"{a}.o_proj.bias", i), rnd)
     yield Output(f"{a}.o_proj", o)
     yield Output(a, o)
     return o
@@ -182,7 +182,7 @@ def _mlp(w: Weights, s: Spec, i: int, h: np.ndarray, rnd):
         act = ops.act(s.act, gate, rnd)
         yield Output(f"{m}.act_fn", act)
         yield Output(f"{m}.up_proj", up)
-    out = ops.linear(rnd(act * up), w.get(f"{m}.down_proj.weight", i), w.get(f"{m}.down_proj.bias", i), rnd)
+    out = ops.linear(rnd(act * up), w.need(f"{m}.down_proj.weight", i), w.get(f"{m}.down_proj.bias", i), rnd)
     yield Output(f"{m}.down_proj", out)
     yield Output(m, out)
     return out

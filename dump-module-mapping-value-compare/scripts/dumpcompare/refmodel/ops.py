@@ -96,24 +96,25 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap
     rounded before the output)."""
     t, h, d = q.shape
     group = h // k.shape[1]
-    kk = np.repeat(k, group, axis=1)
-    vv = np.repeat(v, group, axis=1)
-    inner = rnd if kernel == "eager" else identity
-    scores = inner(inner(np.einsum("thd,shd->hts", q, kk)) * np.float32(scale))
-    if softcap:
-        scores = inner(inner(np.tanh(inner(scores / np.float32(softcap)))) * np.float32(softcap))
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
     allowed = j <= i
     if window:
         allowed &= j > i - window
-    scores = np.where(allowed[None], scores, -np.inf)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
-    if kernel != "fp32":
-        p = rnd(p)
-    out = np.einsum("hts,shd->thd", p, vv)
-    return rnd(out.reshape(t, h * d)).astype(np.float32)
+    inner = rnd if kernel == "eager" else identity
+    out = np.empty((t, h, d), dtype=np.float32)
+    for head in range(h):   # one head at a time: the scores of a long sequence are T x T each
+        kv = head // group
+        scores = inner(inner(q[:, head] @ k[:, kv].T) * np.float32(scale))
+        if softcap:
+            scores = inner(inner(np.tanh(inner(scores / np.float32(softcap)))) * np.float32(softcap))
+        scores = np.where(allowed, scores, -np.inf)
+        scores -= scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        if kernel != "fp32":
+            p = rnd(p)
+        out[:, head] = p @ v[:, kv]
+    return rnd(out.reshape(t, h * d))
 
 
 def softcap(logits: np.ndarray, cap: float | None, rnd: Round) -> np.ndarray:

@@ -65,6 +65,13 @@ class Weights:
         a, fn = self._load(stored), self._fn(name, layer)
         return self._round(np.asarray(fn(a), dtype=np.float32) if fn else a, stored, fn is not None)
 
+    def need(self, name: str, layer: int | None = None) -> np.ndarray:
+        """Tensor ``name`` as ``get`` reads it; a checkpoint without it is not this family's."""
+        a = self.get(name, layer)
+        if a is None:
+            raise UnsupportedModel(f"{self.ckpt.folder}: {self._stored(name)} is not in the checkpoint")
+        return a
+
     def parts(self, base: str, split: tuple[str, ...], fused: str, sizes: tuple[int, ...] | None, layer: int,
               kind: str = "weight") -> list[np.ndarray | None]:
         """The split projections ``split`` under ``base`` (q/k/v or gate/up), read as stored
@@ -139,8 +146,7 @@ class Weights:
         for base, (g, u, d) in ((f"model.layers.{layer}.mlp.experts.{e}", ("gate_proj", "up_proj", "down_proj")),
                                 (f"model.layers.{layer}.block_sparse_moe.experts.{e}", ("w1", "w3", "w2"))):
             if self.has(f"{base}.{g}.weight"):
-                gate, up, down = (self.get(f"{base}.{n}.weight", layer) for n in (g, u, d))
-                return gate, up, down
+                return tuple(self.need(f"{base}.{n}.weight", layer) for n in (g, u, d))
         base = f"model.layers.{layer}.mlp.experts"
         if not self.has(f"{base}.gate_up_proj"):
             raise UnsupportedModel(f"{self.ckpt.folder}: no weights for expert {e} of layer {layer}")
