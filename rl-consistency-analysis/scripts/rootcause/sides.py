@@ -69,7 +69,7 @@ def side_from_forward(rec: dict | None) -> tuple[str | None, str | None]:
     if v.get("side") not in ("train", "rollout", "both"):
         return None, None
     why = "reference forward: " + v.get("reason", "")
-    repro = [c for c in (rec.get("reproduced_by") or {}).get(v["side"], []) or []]
+    repro = (rec.get("reproduced_by") or {}).get(v["side"]) or []
     if repro:
         why += f"; simulated in the reference, {repro[0]} reproduces the {v['side']} side"
     return v["side"], why
