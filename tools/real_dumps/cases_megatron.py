@@ -266,6 +266,18 @@ def _round(x):
     return x
 
 
+MODEL_DIR = "megatron_llama"
+
+
+def save_model(hf_model, root) -> None:
+    """The HF checkpoint the Megatron cases (default vocabulary) convert, as ``_models/megatron_llama``:
+    the reference the sides are checked against (its weights and config differ from ``_models/llama``)."""
+    dest = Path(root) / "_models" / MODEL_DIR
+    if dest.exists():
+        shutil.rmtree(dest)
+    hf_model.save_pretrained(dest, safe_serialization=True)
+
+
 def make_case(case, root):
     """Write ``root/<case.name>/`` (train/, rollout/, case.json); returns the case.json document."""
     import megatron.core  # noqa: F401  imported before forking so that every rank starts warm
@@ -277,7 +289,10 @@ def make_case(case, root):
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    clean = megatron_side.model_state(megatron_side.make_hf_llama(vocab_size=case.vocab, layers=case.layers))
+    hf = megatron_side.make_hf_llama(vocab_size=case.vocab, layers=case.layers)
+    if case.vocab == HF_CONFIG["vocab_size"] and case.layers == HF_CONFIG["num_hidden_layers"]:
+        save_model(hf, root)
+    clean = megatron_side.model_state(hf)
     train_state, rollout_state = _states(case, clean)
     prompt = torch.randint(3, case.vocab, (PROMPT_LEN,),
                            generator=torch.Generator().manual_seed(42))

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import checkpoint, reference, replay
+from . import checkpoint, reference, refforward, replay, token_ids
 from . import documents as D
 from . import htmlreport, passthrough
 from .analysis import analyse
@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-taken-as", choices=REFERENCE_ROLES, default=REFERENCE_ROLES[0],
                     help="what the checkpoint is: the initial one (dumps before the first weight sync) or one "
                          "saved at the dumped step")
+    ap.add_argument("--reference-forward", action=argparse.BooleanOptionalAction, default=None,
+                    help="run the checkpoint's forward in numpy on each side's tokens and hold both sides against it "
+                         "(default: on with --model when the model family is supported)")
+    ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list or a file holding one "
+                    "(default: recovered from the dump where it can be)")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
     ap.add_argument("--no-fold-calls", action="store_true",
                     help="keep every call of a module as its own entry (one output row per call; slower on large dumps)")
@@ -94,6 +99,9 @@ def run(args: argparse.Namespace) -> dict:
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
     refs = _references(args, namer)
+    given = token_ids.parse_given(args.token_ids)
+    if args.reference_forward and not any(refs.values()):
+        raise InputError("--reference-forward needs --model (or --train-model/--rollout-model)")
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
                          {s: getattr(args, f"{s}_rank") for s in SIDES},
                          {s: survey(getattr(args, s), s, args.format) for s in SIDES})
@@ -124,6 +132,10 @@ def run(args: argparse.Namespace) -> dict:
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
     # Tensor mode: replay the standard modules of each side from its own tensors (replay.py).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
+    forward = None
+    if any(refs.values()) and args.reference_forward is not False:
+        say("running the reference forward")
+        forward = refforward.run(plan.comparisons, views, recs, refs, namer, tolerances, use_tensors, given, results)
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
@@ -136,10 +148,12 @@ def run(args: argparse.Namespace) -> dict:
     doc3, (h3, r3) = D.output_3(results, tolerances, mode,
                                 {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None)
     doc3["replays"] = replays
+    doc3["reference_forward"] = forward
     layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
     evidence = plan_doc["tokens"]
     comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})
     doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
+    doc4["reference_forward"] = refforward.summary(forward)
     for doc in (doc1, doc2, doc3, doc4):
         doc["partial"] = partial
     say(f"writing outputs to {out}")

@@ -214,7 +214,7 @@ def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
                 continue
             seen[p["point"]] = len(items)
             where.setdefault(m["pid"], len(items))
-            items.append({"point": p["point"], "module": (m["train_modules"] or m["rollout_modules"] or ["?"])[0],
+            items.append({"cid": r["cid"], "point": p["point"], "module": (m["train_modules"] or m["rollout_modules"] or ["?"])[0],
                           "rollout": ", ".join(m["rollout_modules"]), "status": r["status"],
                           "error": num(r.get("error")), "tol": num(r.get("tolerance")),
                           "strict": num(r.get("strict_tolerance")),
@@ -292,6 +292,62 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
     return (head + "<p>Every compared module output in execution order (train side names; hover a point for "
             "both sides). Errors above the dashed line are beyond tolerance.</p>" + legend + _figure(svg)
             + layer_section(compare))
+
+
+REF_LINES = (("train vs rollout", None, "#455a64", ""), ("train vs reference", "train", "#1565c0", "6,3"),
+             ("rollout vs reference", "rollout", "#ef6c00", "2,2"))
+
+
+def reference_section(compare: dict, analysis: dict) -> str:
+    """Three error lines along execution order: train vs reference, rollout vs reference, train vs
+    rollout; then the tokens the reference ran, each side's departure and the simulated faults."""
+    rf = compare.get("reference_forward")
+    head = "<h2>Reference forward: each side against the checkpoint</h2>"
+    if not rf:
+        return ""
+    if not rf.get("ran"):
+        return head + f"<p>The reference forward did not run: {text(rf.get('reason'))}</p>"
+    items, _where = _items(compare, analysis)
+    pts = rf.get("points") or {}
+    lines = [[it["error"] if side is None else num((pts.get(it["cid"], {}).get(side) or {}).get("error"))
+              for it in items] for _label, side, _c, _d in REF_LINES]
+    left, top, h, step = 70, 30, 240, 16
+    w = step * max(1, len(items))
+    ax = Axis(*_span([v for ln in lines for v in ln], [it["tol"] for it in items]), top, top + h)
+    body = ax.draw(left, left + w, "error (log scale)")
+    x = [left + (k + 0.5) * step for k in range(len(items))]
+    for (label, side, colour, dash), ln in zip(REF_LINES, lines):
+        coords = " ".join(f"{x[k]:.1f},{ax.y(v)}" for k, v in enumerate(ln) if v is not None)
+        body.append(f'<polyline class="ref-line {text(side or "pair")}" fill="none" stroke="{colour}" '
+                    f'stroke-width="2" stroke-dasharray="{dash}" points="{coords}"><title>{text(label)}</title></polyline>')
+        for k, v in enumerate(ln):
+            if v is not None:
+                body.append(f'<circle cx="{x[k]:.1f}" cy="{ax.y(v)}" r="2.5" fill="{colour}"><title>{text(label)}: '
+                            f'{text(items[k]["point"])} error {fmt(v)}</title></circle>')
+    for k, it in enumerate(items):
+        body.append(f'<text font-size="9" text-anchor="end" transform="translate({x[k] + 3:.1f},{top + h + 8}) '
+                    f'rotate(-60)">{text(it["point"])}</text>')
+    svg = _svg(left + w + 40, top + h + 90, "chart reference", body)
+    legend = ('<p class="legend">' + " ".join(f'<span style="color:{c}">&#9473; {text(lab)}</span>'
+                                              for lab, _s, c, _d in REF_LINES) + "</p>")
+    rows = []
+    for side in ("train", "rollout"):
+        sd, tok = (rf.get("sides") or {}).get(side) or {}, (rf.get("tokens") or {}).get(side) or {}
+        dep = sd.get("departure")
+        where = (f"departs at {dep['point']} (error {fmt(dep['error'])}, tolerance {fmt(dep['tolerance'])})"
+                 if dep else "matches everywhere" if sd.get("ran") else str(sd.get("reason")))
+        rows.append((side, f"{tok.get('how')}: {tok.get('detail')}",
+                     f"{sd.get('matching', '-')}/{sd.get('points', '-')}", where))
+    verdict = rf.get("verdict") or {}
+    hyp = "".join(f"<li>{text(hy['side'])} at {text(hy['point'])}: "
+                  + (f"reproduced by {text(', '.join(hy['reproduced_by']))}" if hy["reproduced_by"] else
+                     f"no candidate reproduces it ({len(hy['candidates'])} ruled out; closest "
+                     f"{text(hy['candidates'][0]['candidate'])}, residual {fmt(hy['candidates'][0]['residual'])})"
+                     if hy["candidates"] else "no candidate tried") + "</li>"
+                  for hy in rf.get("hypotheses") or [])
+    return (head + f"<p>Verdict: <b>{text(verdict.get('side'))}</b>: {text(verdict.get('reason'))}</p>" + legend
+            + _figure(svg) + _table(("side", "tokens", "points matching", "first departure"), rows)
+            + (f"<p>Faults simulated in the reference:</p><ul>{hyp}</ul>" if hyp else ""))
 
 
 def _group(point: str) -> tuple[int, str] | None:
@@ -478,4 +534,5 @@ def render(compare: dict, analysis: dict, sources: dict, root: dict | None = Non
             "<table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
             f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
             + logprob_section(lp, logits) + execution_section(compare, analysis, root)
+            + reference_section(compare, analysis)
             + heatmap_section(compare) + verdict_section(analysis, root) + "</body></html>\n")

@@ -14,8 +14,10 @@ SKILL_ROOT = Path(__file__).resolve().parents[2]
 # checks that these declarations match run_compare.py's and that each one is passed through.
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
                        "rollout_family", "format", "naming", "tolerances", "jobs", "model", "train_model",
-                       "rollout_model", "train_config", "rollout_config", "reference_taken_as")
-PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls")
+                       "rollout_model", "train_config", "rollout_config", "reference_taken_as", "token_ids")
+PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls", "reference_forward")
+# Flags with a --no- form whose default (None) leaves the choice to the compare step.
+_SWITCHES = ("reference_forward",)
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 FORMATS = ("auto", "msprobe", "generic", "sglang")
 
@@ -55,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{side}-config", help=f"config.json the {side} engine resolved, passed to the compare step")
     ap.add_argument("--reference-taken-as", choices=("initial", "at_step"),
                     help="what the checkpoint is (initial, or saved at the dumped step), passed to the compare step")
+    ap.add_argument("--reference-forward", action=argparse.BooleanOptionalAction, default=None,
+                    help="hold both sides against a numpy forward of the checkpoint (default: on with --model for a "
+                         "supported family), passed to the compare step")
+    ap.add_argument("--token-ids", help="the token ids the engines ran (JSON list or file), passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=_positive_int, help="processes reading the dumps, passed to the compare step")
@@ -75,6 +81,8 @@ def _compare_argv(args) -> list[str]:
     for flag in PASS_THROUGH_FLAGS:
         if getattr(args, flag):
             argv.append(f"--{flag.replace('_', '-')}")
+        elif flag in _SWITCHES and getattr(args, flag) is False:
+            argv.append(f"--no-{flag.replace('_', '-')}")
     return argv
 
 

@@ -71,6 +71,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
         "comparability": ev.analysis.get("comparability"),
         "mode": ev.mode,
         "reference": sides.reference_section(ev),
+        "reference_forward": sides.forward_section(ev),
         "inputs": inputs,
         "sides": explain.sides(ev),
         "logits": ev.compare.get("logprob"),
@@ -116,6 +117,17 @@ def _name(x) -> str:
     return ", ".join(x) if isinstance(x, list) else str(x)
 
 
+def _forward_line(rf: dict) -> str:
+    if not rf.get("ran"):
+        return f"not run ({rf.get('reason')})"
+    v = rf.get("verdict") or {}
+    line = f"side {v.get('side')}: {v.get('reason')}"
+    for h in rf.get("hypotheses") or []:
+        line += (f"; {h['side']}: reproduced by {h['reproduced_by'][0]}" if h.get("reproduced_by") else
+                 f"; {h['side']}: {len(h.get('candidates') or [])} simulated faults ruled out")
+    return line
+
+
 def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
     """A few lines for the terminal: verdict, top cause, where to look next.
 
@@ -145,6 +157,9 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
             lines.append(f"look next: {top['next_checks'][0]}")
         if len(doc["root_causes"]) > 1:
             lines.append(f"{len(doc['root_causes']) - 1} more root-cause candidate(s) in the report")
+    rf = doc.get("reference_forward") or {}
+    if rf:
+        lines.append("reference forward: " + _forward_line(rf))
     for n in doc["notes"]:
         lines.append(f"note: {n}")
     n = doc["suppressed"]["counts"]

@@ -31,6 +31,50 @@ def reference_section(ev: Evidence) -> dict | None:
     return out
 
 
+def forward_section(ev: Evidence) -> dict | None:
+    """output_5 ``reference_forward``: the compare step's reference forward without its per-point
+    records (tokens and how they were found, each side's departure, the simulated hypotheses)."""
+    rf = ev.compare.get("reference_forward")
+    if not rf:
+        return None
+    return {k: v for k, v in rf.items() if k != "points"}
+
+
+def forward_evidence(ev: Evidence, m: dict) -> dict | None:
+    """The ``reference_forward`` side_evidence record of a finding at module ``m`` (None when the
+    forward did not run). A side's departure at or before the finding's layer concerns it."""
+    rf = ev.compare.get("reference_forward")
+    if not rf or not rf.get("ran"):
+        return None
+    rec = {"kind": "reference_forward", "verdict": rf.get("verdict"), "concerns_finding": False}
+    for side in SIDES:
+        sd = (rf.get("sides") or {}).get(side) or {}
+        if not sd.get("ran"):
+            rec[side] = {"ran": False, "reason": sd.get("reason")}
+            continue
+        dep = sd.get("departure")
+        rec[side] = {"matching": sd.get("matching"), "points": sd.get("points"), "departure": dep}
+        if dep and (dep.get("layer") is None or m.get("layer") is None or dep["layer"] <= m["layer"]):
+            rec["concerns_finding"] = True
+    hyp = [h for h in rf.get("hypotheses") or [] if h.get("side") in SIDES]
+    rec["reproduced_by"] = {h["side"]: h.get("reproduced_by") for h in hyp}
+    return rec
+
+
+def side_from_forward(rec: dict | None) -> tuple[str | None, str | None]:
+    """(side, reason) from the reference forward; (None, None) when it does not decide."""
+    if not rec or not rec.get("concerns_finding"):
+        return None, None
+    v = rec.get("verdict") or {}
+    if v.get("side") not in ("train", "rollout", "both"):
+        return None, None
+    why = "reference forward: " + v.get("reason", "")
+    repro = (rec.get("reproduced_by") or {}).get(v["side"]) or []
+    if repro:
+        why += f"; simulated in the reference, {repro[0]} reproduces the {v['side']} side"
+    return v["side"], why
+
+
 def _param_results(ev: Evidence, m: dict) -> list[dict]:
     return [ev.results[p["cid"]] for p in m["points"]["param"] if p.get("cid") in ev.results]
 
@@ -143,6 +187,26 @@ def _disagreements(records: list[dict]) -> list[str]:
             for (_op, key), v in fitted.items() if set(v) == set(SIDES) and v["train"] != v["rollout"]]
 
 
+def _forward_side(f: dict, forward: dict | None) -> list[str]:
+    """Name the side from the reference forward where the exact evidence (parameters, replays,
+    configs) left it undetermined; the next check it implies. A forward that names another side
+    than the exact evidence is noted in the reason."""
+    side, why = side_from_forward(forward)
+    if not side:
+        return []
+    if f.get("side") not in (None, "undetermined", side):
+        f["side_reason"] = f"{f.get('side_reason') or ''} (the reference forward says {side}: {why})".strip()
+        return []
+    if f.get("side") != side:
+        f["side"], f["side_reason"] = side, why
+    hyp = (forward.get("reproduced_by") or {}).get(side) if side != "both" else None
+    dep = (forward.get(side) or {}).get("departure") if side != "both" else None
+    if hyp and dep:
+        return [f"The {side} side leaves the reference forward at {dep['point']}; injecting '{hyp[0]}' into the "
+                f"reference reproduces it: check that on the {side} side."]
+    return []
+
+
 def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
     """Add ``side_evidence`` and ``config_keys`` to finding ``f`` and name the side they prove.
 
@@ -159,7 +223,8 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
         return []
     params = parameter_evidence(ev, m)
     keys, configs = config_evidence(ev, f.get("role"))
-    f["side_evidence"] = params + replays + configs
+    forward = forward_evidence(ev, m)
+    f["side_evidence"] = params + replays + configs + ([forward] if forward else [])
     # A weight finding is explained by tensors, not keys.
     f["config_keys"] = [] if f["category"] == "parameter_or_checkpoint_issue" else keys
     checks = []
@@ -173,7 +238,7 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
                         names = ", ".join(rec[s].get("checkpoint_tensors") or [rec["point"]])
                         checks.append(f"Reload {names} on the {s} side from the checkpoint (its {rec['point']} "
                                       f"differs: {rec[s].get('detail')}).")
-        return checks
+        return checks + _forward_side(f, forward)
     side, why = side_from_replays(replays, exact_module=f.get("train_module") == _path(m, "train"))
     if side and f.get("side") in (None, "undetermined"):
         f["side"], f["side_reason"] = side, why
@@ -197,4 +262,4 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
     for c in decided:
         s = c["differs_from_checkpoint"]
         checks.append(f"Set {c['key']} to {c['checkpoint']!r} on the {s} side (it resolved {c[s]!r}).")
-    return checks
+    return checks + _forward_side(f, forward)
