@@ -25,11 +25,18 @@ def rank_args(name: str) -> list[str]:
     return args
 
 
+def model_dir(name: str) -> Path:
+    """The checkpoint a case was built from: the Megatron cases convert their own tiny Llama
+    (``_models/megatron_llama``, tools/real_dumps/cases_megatron.py), the others their family's."""
+    c = case(name)
+    return CORPUS / "_models" / ("megatron_llama" if c["train"]["engine"] == "megatron-core" else c["family"])
+
+
 def run(script: Path, name: str, out: Path, *extra: str, model: bool = True) -> subprocess.CompletedProcess:
     argv = [sys.executable, str(script), "--train", str(CORPUS / name / "train"), "--rollout",
             str(CORPUS / name / "rollout"), "--out-dir", str(out), "--quiet", *rank_args(name), *extra]
     if model:
-        argv += ["--model", str(CORPUS / "_models" / case(name)["family"])]
+        argv += ["--model", str(model_dir(name))]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 

@@ -180,7 +180,8 @@ def test_megatron_plain_qkv_is_found_by_simulation(name, tmp_path, megatron_ids)
 
 def test_a_checkpoint_the_engines_did_not_run_blames_neither_side(tmp_path):
     # The Megatron cases convert their own checkpoint; _models/llama is another model.
-    assert run(COMPARE, "megatron_tp1_tensor_clean", tmp_path).returncode == 0
+    assert run(COMPARE, "megatron_tp1_tensor_clean", tmp_path, "--model", str(CORPUS / "_models" / "llama"),
+               model=False).returncode == 0
     rf = _forward(tmp_path)
     assert rf["ran"] and rf["verdict"]["side"] == "undetermined"
     assert rf["sides"]["train"]["departure"]["point"] == rf["sides"]["rollout"]["departure"]["point"] == "L0.resid_in"
