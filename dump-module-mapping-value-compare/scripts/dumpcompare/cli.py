@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import checkpoint, reference, replay
 from . import documents as D
-from . import htmlreport, passthrough
+from . import htmlreport, passthrough, value_align
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> dict:
     for s in SIDES:
         dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
     say("mapping and comparing")
-    plan = build_plan(recs["train"], recs["rollout"], namer)
+    values = value_align.Values({s: dumps[s].entries for s in dumps}, tolerances["statistics"])
+    plan = build_plan(recs["train"], recs["rollout"], namer, functools.partial(value_align.align, values=values))
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
     views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
                          [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],

@@ -84,6 +84,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
         "train_only_unexpected": sum(1 for o in one["train"] if not o.expected),
         "rollout_only_unexpected": sum(1 for o in one["rollout"] if not o.expected),
         "pairs": len(plan.pairs), "pairs_by_kind": dict(Counter(p.kind for p in plan.pairs)),
+        "pairs_by_alignment": dict(Counter(p.aligned_by for p in plan.pairs)),
         "comparisons": len(plan.comparisons),
         "train_coverage": len(mapped["train"]) / max(1, len(fwd["train"])),
         "backward_entries": {s: _count(rs, BACKWARD) for s, rs in recs.items()},
@@ -94,7 +95,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
               "train_modules": [train[i].path for i in p.train],
               "rollout_modules": [rollout[i].path for i in p.rollout],
               "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
-              "note": p.note, "points": p.points} for p in plan.pairs]
+              "aligned_by": p.aligned_by, "note": p.note, "points": p.points} for p in plan.pairs]
     one_sided = []
     for o in plan.one_sided:
         r = recs[o.side][o.rec]
