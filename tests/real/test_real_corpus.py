@@ -68,9 +68,16 @@ _QWEN3_MOE = {**{p: c for p, c in _renamed(_QWEN3, Qwen3Model="Qwen3MoeModel",
                  if not p.startswith("model.layers.N.mlp")},
               "model.layers.N.mlp": "Qwen3MoeSparseMoeBlock", "model.layers.N.mlp.gate": "ReplicatedLinear",
               "model.layers.N.mlp.experts": "FusedMoE"}
+# mixtral.py: the MoE block keeps the checkpoint's old name block_sparse_moe (transformers 5.x: mlp)
+_MIXTRAL = {**{p: c for p, c in _renamed(_LLAMA, LlamaModel="MixtralModel", LlamaDecoderLayer="MixtralDecoderLayer",
+                                          LlamaAttention="MixtralAttention").items()
+               if not p.startswith("model.layers.N.mlp")},
+            "model.layers.N.block_sparse_moe": "MixtralMoE",
+            "model.layers.N.block_sparse_moe.gate": "ReplicatedLinear",
+            "model.layers.N.block_sparse_moe.experts": "FusedMoE"}
 # vLLM maps MistralForCausalLM to llama.py's LlamaForCausalLM; Phi3ForCausalLM subclasses it.
 VLLM_TREES = {"llama": _LLAMA, "mistral": _LLAMA, "phi3": _LLAMA, "qwen2": _QWEN2, "qwen3": _QWEN3,
-              "gemma2": _GEMMA2, "qwen3_moe": _QWEN3_MOE}
+              "gemma2": _GEMMA2, "qwen3_moe": _QWEN3_MOE, "mixtral": _MIXTRAL}
 # SGLang 0.4.10 (python/sglang/srt/models/llama.py, qwen3.py; srt/layers/radix_attention.py): the
 # same names as vLLM except the attention kernel module.
 SGLANG_TREES = {f: _renamed(t, Attention="RadixAttention") for f, t in VLLM_TREES.items()
