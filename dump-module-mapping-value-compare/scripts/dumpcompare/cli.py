@@ -240,7 +240,10 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
         if sal:
             p(f"PARTIAL {side}: {sal['reason']} at byte {sal['byte_offset']}; "
               f"{sal['entries_recovered']} entries recovered (last: {sal['last_complete_key']})")
-    p(f"mapping: {s['pairs']} pairs {s['pairs_by_kind']}; coverage train {s['mapped_train_modules']}/"
+    by_values = {k: v for k, v in s["pairs_by_alignment"].items() if k != "names"}
+    aligned = f" ({', '.join(f'{v} by {k}' for k, v in by_values.items())}: no naming rule explains them)" \
+        if by_values else ""
+    p(f"mapping: {s['pairs']} pairs {s['pairs_by_kind']}{aligned}; coverage train {s['mapped_train_modules']}/"
       f"{s['train_modules']}, rollout {s['mapped_rollout_modules']}/{s['rollout_modules']}; "
       f"one-sided train {s['train_only']} ({s['train_only_unexpected']} unexpected), "
       f"rollout {s['rollout_only']} ({s['rollout_only_unexpected']} unexpected)")

@@ -147,7 +147,7 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
                     and not any(_matches(x, r, fam[other]) for x in rules))
         anchors = [(min(r.index for r in p[1]), min(r.index for r in p[2])) for p in raw_pairs]
         for a in align(fwd, anchors, unexplained):
-            raw_pairs.append(("one_to_one", [a.train], [a.rollout], None))
+            raw_pairs.append(("one_to_one", [a.train], [a.rollout], a.note))
             aligned[(a.train.index, a.rollout.index)] = a
             paired["train"].add(a.train.index)
             paired["rollout"].add(a.rollout.index)

@@ -53,6 +53,14 @@ class Aligned:
     by: str                                  # "values" or "order"
     leaves: list[tuple[str, str]]            # (leaf name, io) carried by both, same size
 
+    @property
+    def note(self) -> str:
+        """Why the two modules pair (output_2 ``note``)."""
+        if self.by == "values":
+            return "no naming rule explains these modules: paired because their outputs carry the same statistics"
+        return ("no naming rule explains these modules: paired by position between aligned modules "
+                "(same number of modules, same parameter and output sizes, in order)")
+
     def point(self, leaf: str) -> str:
         """The point a leaf is compared as: no rule names the tensor, so both paths do."""
         return f"aligned:{self.train.path}={self.rollout.path}:{leaf}"
