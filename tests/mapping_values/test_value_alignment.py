@@ -20,7 +20,7 @@ from dumpcompare.naming import Namer, load_profiles, name_side
 from real.corpus_check import CORPUS, case_doc, disagreements, run_default_command, run_pair
 
 CLEAN = ["neox_renamed_fp32_clean", "neox_renamed_bf16_clean"]
-FAULTS = ["neox_renamed_fp32_stale_fc_out", "neox_renamed_fp32_stale_dense_train"]
+FAULTS = ["neox_renamed_fp32_stale_fc_out", "neox_renamed_bf16_stale_fc_out", "neox_renamed_fp32_stale_dense_train"]
 MAPPING = "output_2_mapping.json"
 
 
@@ -61,6 +61,8 @@ def test_clean_unprofiled_pair_maps_by_values_and_stays_silent(name, runs):
 
 @pytest.mark.parametrize("name, train, rollout, order", [
     ("neox_renamed_fp32_stale_fc_out", "gpt_neox.layers.1.mlp.dense_4h_to_h", "backbone.blocks.1.ffn.fc_out", 5),
+    # bf16: the stale weight moves the statistics by 0.12, four times the tolerance; not a value match
+    ("neox_renamed_bf16_stale_fc_out", "gpt_neox.layers.1.mlp.dense_4h_to_h", "backbone.blocks.1.ffn.fc_out", 5),
     ("neox_renamed_fp32_stale_dense_train", "gpt_neox.layers.0.attention.dense", "backbone.blocks.0.mixer.proj", 13),
 ])
 def test_fault_in_an_unprofiled_pair_is_named_through_order_alignment(name, train, rollout, order, runs):

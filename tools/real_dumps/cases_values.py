@@ -68,6 +68,12 @@ CASES = {c.name: c for c in [
         param="gpt_neox.layers.1.mlp.dense_4h_to_h.weight", layer=1,
         train_modules=["gpt_neox.layers.1.mlp.dense_4h_to_h"],
         rollout_modules=["backbone.blocks.1.ffn.fc_out"])),
+    ValuesCase("neox_renamed_bf16_stale_fc_out", dtype="bf16", fault=fault(
+        "rollout", "stale_weight", "backbone.blocks.1.ffn.fc_out",
+        "rollout kept layer 1 fc_out.weight (transformers: mlp.dense_4h_to_h) of the previous step",
+        param="gpt_neox.layers.1.mlp.dense_4h_to_h.weight", layer=1,
+        train_modules=["gpt_neox.layers.1.mlp.dense_4h_to_h"],
+        rollout_modules=["backbone.blocks.1.ffn.fc_out"])),
     ValuesCase("neox_renamed_fp32_stale_dense_train", fault=fault(
         "train", "stale_weight", "gpt_neox.layers.0.attention.dense",
         "train side restored layer 0 attention.dense.weight from an older checkpoint",

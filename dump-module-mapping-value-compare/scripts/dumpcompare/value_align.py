@@ -8,7 +8,7 @@ a run of unexplained modules.
 
 * ``values``: within a run, the longest order-keeping alignment (as in a sequence alignment) of
   modules whose outputs carry the same statistics (shape, Max, Min, Mean, Norm; checksums when
-  the dump has them) within a few times the statistics tolerance of their dtype.
+  the dump has them) within the statistics tolerance of their dtype.
 * ``order``: a diverged module cannot match by value, nor can anything downstream of it, so the
   modules left between two aligned modules are paired by position when both sides hold the same
   number of them with the same shapes in the same order.
@@ -29,9 +29,6 @@ from .naming import ModuleRecord
 from .passthrough import how as pass_through
 from .records import Entry, Leaf
 
-# A fingerprint matches within this many statistics tolerances: alignment only has to tell
-# modules apart, the comparison that follows judges them with the tolerance itself.
-MATCH_FACTOR = 5.0
 # Value alignment of one run compares at most this many module pairs (same output sizes only);
 # a longer run is left to the order rule.
 MAX_CELLS = 200_000
@@ -136,8 +133,10 @@ def _same_values(a: Leaf, b: Leaf, tolerance: dict) -> bool:
     if any(getattr(lf, k) is None for lf in (a, b) for k in ("max", "min")):
         return False
     err = stat_errors(leaf_stats(a), leaf_stats(b))["scaled_error"]
+    # Within the comparison's own tolerance: a value pair is one the comparison would not flag,
+    # so a diverged module is never paired by its values (the order rule is for those).
     tol, _ = pair_tolerances(tolerance, a.dtype, b.dtype)
-    return err is not None and np.isfinite(err) and err <= MATCH_FACTOR * tol
+    return err is not None and np.isfinite(err) and err <= tol
 
 
 def _score(tl: dict[str, Leaf], rl: dict[str, Leaf], tolerance: dict) -> int:
