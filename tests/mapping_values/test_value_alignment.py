@@ -151,3 +151,21 @@ def test_aligned_pairs_compare_their_own_leaves(tmp_path):
     pair = _pair(doc, "gpt_neox.layers.1.mlp.act")
     for point in pair["points"]["out"]:
         assert by_point[point]["pair"] == pair["pair_id"]
+
+
+def _lf(name, mx, checksum=None, dtype="torch.bfloat16"):
+    from dumpcompare.records import Leaf
+
+    return Leaf(name, dtype, (8, 64), mx, -mx, 0.01, 5.0, checksum=checksum)
+
+
+def test_checksums_decide_over_statistics_and_tolerance_follows_the_dtype():
+    tol = load_tolerances()["statistics"]
+    a = [_lf("output.0", 1.0, "aa"), _lf("output.0", 1.0, "bb"), _lf("output.0", 1.0)]
+    b = [_lf("output.0", 2.0, "aa"), _lf("output.0", 1.0, "cc"), _lf("output.0", 1.02)]
+    got = value_align._agree(a, b, 8 * 64, tol)
+    assert got[0, 0] == 1      # equal checksums, whatever the statistics
+    assert got[1, 1] == 0      # different checksums, equal statistics
+    assert got[2, 2] == 1      # 2% off: within bf16's statistics tolerance (3e-2)
+    fp32 = [_lf("output.0", 1.0, dtype="torch.float32")]
+    assert value_align._agree(fp32, [_lf("output.0", 1.02, dtype="torch.float32")], 8 * 64, tol)[0, 0] == 0

@@ -23,14 +23,14 @@ from typing import Callable
 
 import numpy as np
 
-from .compare import leaf_stats, pair_tolerances
-from .compare.stats import stat_errors
+from .compare import is_int_dtype, pair_tolerances
+from .compare.stats import ATTRS, Stats, stat_error_calls
 from .naming import ModuleRecord
 from .passthrough import how as pass_through
 from .records import Entry, Leaf
 
-# Value alignment of one run compares at most this many module pairs (same output sizes only);
-# a longer run is left to the order rule.
+# Value alignment of one run compares at most this many module pairs; a longer run is left to
+# the order rule.
 MAX_CELLS = 200_000
 
 
@@ -125,40 +125,63 @@ def _signature(leaves: dict[str, Leaf]) -> tuple:
     return (_size(first) if first is not None else None, _param_shapes(leaves))
 
 
-def _same_values(a: Leaf, b: Leaf, tolerance: dict) -> bool:
-    if a.numel != b.numel or a.numel is None:
-        return False
-    if a.checksum and b.checksum:
-        return a.checksum == b.checksum
-    if any(getattr(lf, k) is None for lf in (a, b) for k in ("max", "min")):
-        return False
-    err = stat_errors(leaf_stats(a), leaf_stats(b))["scaled_error"]
-    # Within the comparison's own tolerance: a value pair is one the comparison would not flag,
-    # so a diverged module is never paired by its values (the order rule is for those).
-    tol, _ = pair_tolerances(tolerance, a.dtype, b.dtype)
-    return err is not None and np.isfinite(err) and err <= tol
+def _agreement(lt: list[dict[str, Leaf]], lr: list[dict[str, Leaf]], io: str,
+               tolerance: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every (train, rollout) module of a run, over the leaves of kind ``io`` both carry:
+    how many there are, how many have the same size, and how many of those agree (equal
+    checksums when both have one, else a scaled statistics error within the comparison's own
+    tolerance: a value pair is one the comparison would not flag, so a diverged module is never
+    paired by its values). One vectorised statistics comparison per leaf name and size."""
+    n, m = len(lt), len(lr)
+    present, sized, agree = (np.zeros((n, m), dtype=np.int64) for _ in range(3))
+    for name in sorted({k for leaves in lt for k in leaves if _io(k) == io}):
+        ti = [i for i in range(n) if name in lt[i]]
+        rj = [j for j in range(m) if name in lr[j]]
+        if not ti or not rj:
+            continue
+        present[np.ix_(ti, rj)] += 1
+        a, b = [lt[i][name] for i in ti], [lr[j][name] for j in rj]
+        for numel in {x.numel for x in a} & {y.numel for y in b} - {None}:
+            ii = [k for k, x in enumerate(a) if x.numel == numel]
+            jj = [k for k, y in enumerate(b) if y.numel == numel]
+            rows, cols = np.array(ti)[ii], np.array(rj)[jj]
+            sized[np.ix_(rows, cols)] += 1
+            agree[np.ix_(rows, cols)] += _agree([a[k] for k in ii], [b[k] for k in jj], numel, tolerance)
+    return present, sized, agree
 
 
-def _score(tl: dict[str, Leaf], rl: dict[str, Leaf], tolerance: dict) -> int:
-    """0 unless every output both carry matches (and there is one); 2, plus 1 when every input
-    both carry matches too (which breaks ties between a module and its container)."""
-    outs = [n for n in tl if _io(n) == "out" and n in rl]
-    if not outs or not all(_same_values(tl[n], rl[n], tolerance) for n in outs):
-        return 0
-    ins = [n for n in tl if _io(n) == "in" and n in rl and tl[n].numel == rl[n].numel]
-    return 3 if ins and all(_same_values(tl[n], rl[n], tolerance) for n in ins) else 2
+def _agree(a: list[Leaf], b: list[Leaf], numel: int, tolerance: dict) -> np.ndarray:
+    """[len(a), len(b)] 0/1: whether each pair of same-size leaves carries the same values."""
+    def column(leaves, attr):
+        return np.array([np.nan if getattr(lf, attr) is None else float(getattr(lf, attr)) for lf in leaves])
+    shape = (len(a), len(b))
+    ii, jj = (x.ravel() for x in np.indices(shape))
+    ints = (any(is_int_dtype(lf.dtype) for lf in a), any(is_int_dtype(lf.dtype) for lf in b))
+    t = Stats(*(column(a, k)[ii] for k in ATTRS), numel, None, ints[0])
+    r = Stats(*(column(b, k)[jj] for k in ATTRS), numel, None, ints[1])
+    err = stat_error_calls(t, r)["scaled_error"]
+    tol = np.array([pair_tolerances(tolerance, x.dtype, y.dtype)[0] for x in a for y in b])
+    ok = np.isfinite(err) & (err <= tol) & ~np.isnan(t.max) & ~np.isnan(r.max)
+    sums = [(x.checksum, y.checksum) for x in a for y in b]
+    ok = np.array([(cx == cy) if cx and cy else bool(o) for (cx, cy), o in zip(sums, ok)])
+    return ok.reshape(shape).astype(np.int64)
+
+
+def _scores(lt: list[dict[str, Leaf]], lr: list[dict[str, Leaf]], tolerance: dict) -> np.ndarray:
+    """Per (train, rollout) module: 0 unless every output both carry agrees (and there is one);
+    2, plus 1 when every same-size input agrees too (which tells a module from its container)."""
+    out_present, _, out_agree = _agreement(lt, lr, "out", tolerance)
+    _, in_sized, in_agree = _agreement(lt, lr, "in", tolerance)
+    outputs = (out_present > 0) & (out_agree == out_present)
+    inputs = (in_sized > 0) & (in_agree == in_sized)
+    return np.where(outputs, 2 + inputs, 0)
 
 
 def _align_run(tr: list[ModuleRecord], ro: list[ModuleRecord], values: Values) -> list[Aligned]:
     leaves = {"train": [_tensors(values, "train", r) for r in tr],
               "rollout": [_tensors(values, "rollout", r) for r in ro]}
-    score = np.zeros((len(tr), len(ro)), dtype=np.int64)
-    sizes_t = [_out_sizes(x) for x in leaves["train"]]
-    sizes_r = [_out_sizes(x) for x in leaves["rollout"]]
-    cells = [(i, j) for i in range(len(tr)) for j in range(len(ro)) if sizes_t[i] & sizes_r[j]] \
-        if len(tr) * len(ro) <= MAX_CELLS else []
-    for i, j in cells:
-        score[i, j] = _score(leaves["train"][i], leaves["rollout"][j], values.tolerance)
+    score = _scores(leaves["train"], leaves["rollout"], values.tolerance) if len(tr) * len(ro) <= MAX_CELLS \
+        else np.zeros((len(tr), len(ro)), dtype=np.int64)
     found = {ij: "values" for ij in _best_monotone(score)}
     # The order rule, between consecutive aligned modules: first the modules holding parameters,
     # by their parameters' shapes (engines add parameterless helpers, but each checkpoint tensor
@@ -180,10 +203,6 @@ def _gaps(matched: list[tuple[int, int]], n: int, m: int):
     cuts = [(-1, -1)] + matched + [(n, m)]
     for (i0, j0), (i1, j1) in zip(cuts, cuts[1:]):
         yield list(range(i0 + 1, i1)), list(range(j0 + 1, j1))
-
-
-def _out_sizes(leaves: dict[str, Leaf]) -> set:
-    return {(n, lf.numel) for n, lf in leaves.items() if _io(n) == "out"}
 
 
 def _best_monotone(score: np.ndarray) -> list[tuple[int, int]]:
