@@ -16,9 +16,11 @@ import re
 import pytest
 from real.corpus_check import CORPUS, disagreements, run_default_command, run_pair
 
-# megatron-core train sides have their own module tree and xfail table: tests/real/test_real_megatron.py
+# megatron-core train sides have their own module tree and xfail table: tests/real/test_real_megatron.py;
+# rollouts under a tree no profile describes (renamed_like) are tests/mapping_values/'s.
 CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
-               if json.loads(p.read_text(encoding="utf-8"))["train"]["engine"] != "megatron-core")
+               if json.loads(p.read_text(encoding="utf-8"))["train"]["engine"] != "megatron-core"
+               and json.loads(p.read_text(encoding="utf-8"))["rollout"]["engine"] != "renamed_like")
 
 # Module path -> class name in vLLM 0.10.1 (vllm/model_executor/models/llama.py, qwen2.py,
 # qwen3.py, gemma2.py, phi3.py; layers/linear.py, layernorm.py, activation.py,
@@ -66,9 +68,16 @@ _QWEN3_MOE = {**{p: c for p, c in _renamed(_QWEN3, Qwen3Model="Qwen3MoeModel",
                  if not p.startswith("model.layers.N.mlp")},
               "model.layers.N.mlp": "Qwen3MoeSparseMoeBlock", "model.layers.N.mlp.gate": "ReplicatedLinear",
               "model.layers.N.mlp.experts": "FusedMoE"}
+# mixtral.py: the MoE block keeps the checkpoint's old name block_sparse_moe (transformers 5.x: mlp)
+_MIXTRAL = {**{p: c for p, c in _renamed(_LLAMA, LlamaModel="MixtralModel", LlamaDecoderLayer="MixtralDecoderLayer",
+                                          LlamaAttention="MixtralAttention").items()
+               if not p.startswith("model.layers.N.mlp")},
+            "model.layers.N.block_sparse_moe": "MixtralMoE",
+            "model.layers.N.block_sparse_moe.gate": "ReplicatedLinear",
+            "model.layers.N.block_sparse_moe.experts": "FusedMoE"}
 # vLLM maps MistralForCausalLM to llama.py's LlamaForCausalLM; Phi3ForCausalLM subclasses it.
 VLLM_TREES = {"llama": _LLAMA, "mistral": _LLAMA, "phi3": _LLAMA, "qwen2": _QWEN2, "qwen3": _QWEN3,
-              "gemma2": _GEMMA2, "qwen3_moe": _QWEN3_MOE}
+              "gemma2": _GEMMA2, "qwen3_moe": _QWEN3_MOE, "mixtral": _MIXTRAL}
 # SGLang 0.4.10 (python/sglang/srt/models/llama.py, qwen3.py; srt/layers/radix_attention.py): the
 # same names as vLLM except the attention kernel module.
 SGLANG_TREES = {f: _renamed(t, Attention="RadixAttention") for f, t in VLLM_TREES.items()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import checkpoint, reference, refforward, replay, token_ids
 from . import documents as D
-from . import htmlreport, passthrough
+from . import htmlreport, passthrough, value_align
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> dict:
     for s in SIDES:
         dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
     say("mapping and comparing")
-    plan = build_plan(recs["train"], recs["rollout"], namer)
+    values = value_align.Values({s: dumps[s].entries for s in dumps}, tolerances["statistics"])
+    plan = build_plan(recs["train"], recs["rollout"], namer, functools.partial(value_align.align, values=values))
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
     views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
                          [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
@@ -264,7 +265,10 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
         if sal:
             p(f"PARTIAL {side}: {sal['reason']} at byte {sal['byte_offset']}; "
               f"{sal['entries_recovered']} entries recovered (last: {sal['last_complete_key']})")
-    p(f"mapping: {s['pairs']} pairs {s['pairs_by_kind']}; coverage train {s['mapped_train_modules']}/"
+    by_values = {k: v for k, v in s["pairs_by_alignment"].items() if k != "names"}
+    aligned = f" ({', '.join(f'{v} by {k}' for k, v in by_values.items())}: no naming rule explains them)" \
+        if by_values else ""
+    p(f"mapping: {s['pairs']} pairs {s['pairs_by_kind']}{aligned}; coverage train {s['mapped_train_modules']}/"
       f"{s['train_modules']}, rollout {s['mapped_rollout_modules']}/{s['rollout_modules']}; "
       f"one-sided train {s['train_only']} ({s['train_only_unexpected']} unexpected), "
       f"rollout {s['rollout_only']} ({s['rollout_only_unexpected']} unexpected)")

@@ -93,6 +93,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
         "stitched_calls": {s: sum(1 for o in plan.one_sided if o.side == s and recs[s][o.rec].path in mapped[s])
                            for s in recs},
         "pairs": len(plan.pairs), "pairs_by_kind": dict(Counter(p.kind for p in plan.pairs)),
+        "pairs_by_alignment": dict(Counter(p.aligned_by for p in plan.pairs)),
         "comparisons": len(plan.comparisons),
         "train_coverage": len(mapped["train"]) / max(1, len(modules["train"])),
         "backward_entries": {s: _count(rs, BACKWARD) for s, rs in recs.items()},
@@ -103,7 +104,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
               "train_modules": [train[i].path for i in p.train],
               "rollout_modules": [rollout[i].path for i in p.rollout],
               "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
-              "note": p.note, "points": p.points} for p in plan.pairs]
+              "aligned_by": p.aligned_by, "note": p.note, "points": p.points} for p in plan.pairs]
     one_sided = []
     for o in plan.one_sided:
         r = recs[o.side][o.rec]

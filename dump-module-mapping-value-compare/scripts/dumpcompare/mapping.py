@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from .naming import ModuleRecord, Namer
 from .records import FORWARD
+
+if TYPE_CHECKING:  # value_align reads the comparison tolerances, which import this module
+    from .value_align import Aligned
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Pair:
     role: str | None
     note: str | None = None
     points: dict[str, list[str]] = field(default_factory=lambda: {"in": [], "out": [], "param": []})
+    aligned_by: str = "names"  # names | values | order (value_align.py)
 
 
 @dataclass
@@ -87,8 +92,10 @@ def _forward_modules(recs: list[ModuleRecord]) -> list[ModuleRecord]:
     return [r for r in recs if r.kind == "module" and r.direction == FORWARD]
 
 
-def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Namer) -> MappingPlan:
-    """Pair modules and plan point comparisons for two sides' records."""
+def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Namer,
+               align: Callable[..., list[Aligned]] | None = None) -> MappingPlan:
+    """Pair modules and plan point comparisons for two sides' records. ``align`` (value_align.align
+    with the dumps' values bound) then pairs modules no rule explains, by the values they carry."""
     sides = {"train": train, "rollout": rollout}
     fam = {s: (recs[0].family if recs else "hf") for s, recs in sides.items()}
     fwd = {s: _forward_modules(recs) for s, recs in sides.items()}
@@ -130,26 +137,59 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
                 paired["train"].add(tr.index)
                 paired["rollout"].add(ro.index)
 
+    aligned: dict[tuple[int, int], Aligned] = {}   # (train, rollout) index -> pair
+    if align is not None:
+        rules = namer.p.get("expected_one_sided", []) or []
+
+        def unexplained(s: str, r: ModuleRecord) -> bool:
+            other = "rollout" if s == "train" else "train"
+            return (r.index not in paired[s] and not r.is_wrapper and r.call == 0
+                    and not any(_matches(x, r, fam[other]) for x in rules))
+        anchors = [(min(r.index for r in p[1]), min(r.index for r in p[2])) for p in raw_pairs]
+        for a in align(fwd, anchors, unexplained):
+            raw_pairs.append(("one_to_one", [a.train], [a.rollout], a.note))
+            aligned[(a.train.index, a.rollout.index)] = a
+            paired["train"].add(a.train.index)
+            paired["rollout"].add(a.rollout.index)
+
     raw_pairs.sort(key=lambda p: (min(r.index for r in p[1]), min(r.index for r in p[2])))
-    pairs = []
+    pairs, aligned_points = [], []
     for i, (kind, trs, ros, note) in enumerate(raw_pairs):
         anchor = trs[0]
         role = anchor.role if kind != "composite" else next((r.role for r in trs + ros if r.parts), anchor.role)
         pair = Pair(f"P{i:04d}", kind, [r.index for r in trs], [r.index for r in ros],
                     anchor.layer, anchor.block, role, note)
-        for r in trs + ros:
-            for port in r.ports:
-                bucket = pair.points[port.io]
-                if port.point not in bucket:
-                    bucket.append(port.point)
+        found = aligned.get((anchor.index, ros[0].index))
+        if found is not None:
+            pair.aligned_by = found.by
+            aligned_points += _aligned_points(pair, found)
+        else:
+            for r in trs + ros:
+                for port in r.ports:
+                    bucket = pair.points[port.io]
+                    if port.point not in bucket:
+                        bucket.append(port.point)
         pairs.append(pair)
 
     one_sided = _one_sided(sides, fwd, paired, pairs, fam, namer)
     comparisons, unmatched = _plan_points(sides, fam, namer)
-    comparisons += _pair_own_points(pairs, sides, comparisons)
+    comparisons += _pair_own_points(pairs, sides, comparisons) + aligned_points
     for i, c in enumerate(comparisons):
         c.cid = f"C{i:04d}"
     return MappingPlan(pairs, one_sided, comparisons, unmatched)
+
+
+def _aligned_points(pair: Pair, a: Aligned) -> list[PointPlan]:
+    """The leaves both modules of a value- or order-aligned pair carry, compared leaf by leaf
+    (filling ``pair.points``): no rule names the tensors, so the pair's own leaves are the points."""
+    plans = []
+    for leaf, io in a.leaves:
+        point = a.point(leaf)
+        pair.points[io].append(point)
+        plans.append(PointPlan("", point, "direct", "rows" if io == "param" else "features",
+                               [Carrier(a.train.index, leaf, io)], [Carrier(a.rollout.index, leaf, io)],
+                               pair=pair.pid))
+    return plans
 
 
 def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list[PointPlan]:
