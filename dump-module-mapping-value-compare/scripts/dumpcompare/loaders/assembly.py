@@ -41,9 +41,9 @@ def assemble_sides(plan: InputPlan, namer: Namer, families: dict, *, fold: bool 
     ``families`` holds each side's --<side>-family (None: detected); ``fmt`` "msprobe" or
     "generic" refuses a file of another format.
     """
-    order = [(s, r, k) for s in SIDES for r in range(plan.side(s).n_ranks) for k in range(len(plan.side(s).steps))]
-    paths = [plan.side(s).steps[k].files[r].path for s, r, k in order]
-    stream = zip(order, load_files(paths, functools.partial(load_input, fold=fold), jobs, progress))
+    # Rank-outer order: every step of rank 0, then of rank 1, ... (train, then rollout).
+    paths = [st.files[r].path for s in SIDES for r in range(plan.side(s).n_ranks) for st in plan.side(s).steps]
+    stream = load_files(paths, functools.partial(load_input, fold=fold), jobs, progress)
     out = {}
     for s in SIDES:
         out[s] = _assemble(plan.side(s), _ranks(plan.side(s), stream, fmt), namer, families.get(s))
@@ -53,13 +53,16 @@ def assemble_sides(plan: InputPlan, namer: Namer, families: dict, *, fold: bool 
 def _ranks(side: SidePlan, stream, fmt: str):
     """The side's ranks in rank order, each its steps joined (the stream is read as they are taken)."""
     for _r in range(side.n_ranks):
-        steps = []
-        for _k in range(len(side.steps)):
-            _, dump = next(stream)
-            if fmt in ("msprobe", "generic") and dump.fmt != fmt:
-                raise InputError(f"{dump.path}: not a {fmt} dump (--format {fmt})")
-            steps.append(dump)
+        steps = [_checked(next(stream), fmt) for _k in side.steps]
         yield join_steps(steps, [st.step for st in side.steps])
+        # Released before the next rank is read, so that at most one rank is held here.
+        del steps
+
+
+def _checked(dump: Dump, fmt: str) -> Dump:
+    if fmt in ("msprobe", "generic") and dump.fmt != fmt:
+        raise InputError(f"{dump.path}: not a {fmt} dump (--format {fmt})")
+    return dump
 
 
 def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None) -> Side:

@@ -48,6 +48,7 @@ def load_files(paths: list, load: Callable[[Any], Dump], jobs: int | None = None
             dump = load(p)
             say(f"read {p} ({n / 1e6:.0f} MB) in {time.perf_counter() - start:.1f} s")
             yield dump
+            del dump        # not held while the next file is read
         return
     # fork is cheap and needs no re-import; platforms without it use their default start method.
     # The workers are forked before any dump is held here, so they do not carry copies of them.
