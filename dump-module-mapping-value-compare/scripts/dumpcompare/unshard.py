@@ -1,9 +1,10 @@
 """Merge the tensor-parallel ranks of one side into one logical dump (the "unsharder").
 
-The planner (:func:`merge_rule`) decides per leaf how ranks relate; the executor
-(:func:`merge_ranks`) combines statistics exactly where the math allows and records, for tensor
-files, which file of which rank holds each shard. The rules, and why they hold for Megatron,
-vLLM and SGLang, are in references/tensor_parallel.md.
+Ranks are merged one at a time (:class:`RankMerge`, fed by loaders/assembly.py), so a side never
+holds all its ranks: per leaf, the facts its rule needs are gathered rank by rank and the rule
+(:func:`merge_rule`) decided at the end; statistics are combined exactly where the math allows,
+and for tensor files the merge records which file of which rank holds each shard. The rules, and
+why they hold for Megatron, vLLM and SGLang, are in references/tensor_parallel.md.
 """
 from __future__ import annotations
 
@@ -118,7 +119,10 @@ class _LeafMerge:
     def add(self, lf: Leaf, d: Dump) -> None:
         """Fold in the next rank's copy of the leaf."""
         self.facts.add(lf)
-        self.files = self.files + [_file_of(lf, d)] if self.files is not None and lf.data_name else None
+        if self.files is not None and lf.data_name:
+            self.files.append(_file_of(lf, d))
+        else:
+            self.files = None
         self.has = [h and v is not None for h, v in zip(self.has, (lf.max, lf.min, lf.mean, lf.norm))]
         r = _rows(lf)
         # Only the calls every rank holds are merged (compare.n_calls).
