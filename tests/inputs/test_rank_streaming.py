@@ -18,7 +18,7 @@ from dumpcompare.loaders import assembly
 from dumpcompare.loaders.parallel import load_files
 from dumpcompare.naming import ModuleRecord
 from dumpcompare.records import FORWARD, Dump, Entry, Leaf
-from dumpcompare.unshard import merge_ranks
+from dumpcompare.unshard import RankMerge
 from synth import Config, init_weights, run_side, write_dump
 from synth.tp import shard_entries
 
@@ -28,6 +28,14 @@ CFG8 = Config(layers=3, hidden=32, intermediate=64, heads=8, kv_heads=8, head_di
 def _dump(leaves, key="m.forward.0"):
     e = Entry(key, 0, "module", "model.layers.0.mlp.up_proj", "Linear", FORWARD, 0, leaves=leaves)
     return Dump(Path("d.json"), Path("."), "msprobe", None, None, None, None, [e])
+
+
+def _merge(leaves, rec) -> Leaf:
+    """The merged copy of one leaf held by each rank (ranks merged one at a time)."""
+    merge = RankMerge(_dump([leaves[0]]), [rec], {})
+    for lf in leaves[1:]:
+        merge.add(_dump([lf]))
+    return merge.finish().entries[0].leaves[0]
 
 
 def _rank_leaf(rng, cols, calls):
@@ -43,7 +51,7 @@ def test_running_merge_gives_the_statistics_of_all_ranks_at_once():
     before = [lf.per_call.copy() for lf in group]
     rec = ModuleRecord("rollout", 0, "m.forward.0", "module", FORWARD, "model.layers.0.mlp.up_proj",
                        "model.layers.0.mlp.up_proj", "Linear", 0, 0, "mlp.up_proj", "up", "mlp", "vllm")
-    merged = merge_ranks([_dump([lf]) for lf in group], [rec], {}).entries[0].leaves[0]
+    merged = _merge(group, rec)
     want = combine([leaf_stats(lf, 3) for lf in group])
     assert merged.merge == "concat:1" and merged.shape == (5, 40)
     assert merged.per_call.shape == (3, 4)
@@ -63,7 +71,7 @@ def test_a_statistic_one_rank_lacks_is_absent_after_the_merge():
     group[2].mean = None
     rec = ModuleRecord("rollout", 0, "m.forward.0", "module", FORWARD, "x", "x", "Linear", 0, 0, "x", "up", "mlp",
                        "vllm")
-    merged = merge_ranks([_dump([lf]) for lf in group], [rec], {}).entries[0].leaves[0]
+    merged = _merge(group, rec)
     assert merged.mean is None and merged.per_call is None
     assert merged.max == max(lf.max for lf in group) and merged.min == min(lf.min for lf in group)
     assert merged.norm == pytest.approx(float(np.sqrt(sum(lf.norm ** 2 for lf in group))), rel=1e-14)

@@ -2,7 +2,7 @@
 
 Ranks are merged one at a time (:class:`RankMerge`, fed by loaders/assembly.py), so a side never
 holds all its ranks: per leaf, the facts its rule needs are gathered rank by rank and the rule
-(:func:`merge_rule`) decided at the end; statistics are combined exactly where the math allows,
+(:meth:`RuleFacts.rule`) decided at the end; statistics are combined exactly where the math allows,
 and for tensor files the merge records which file of which rank holds each shard. The rules, and
 why they hold for Megatron, vLLM and SGLang, are in references/tensor_parallel.md.
 """
@@ -33,7 +33,7 @@ def _same(a: Leaf, b: Leaf) -> bool:
     return a.checksum == b.checksum
 
 
-class _RuleFacts:
+class RuleFacts:
     """What the rule of one leaf depends on, gathered one rank at a time (rank 0's leaf first)."""
     __slots__ = ("first", "n", "hinted", "same", "diff", "shape")
 
@@ -88,14 +88,6 @@ class _RuleFacts:
         return "concat:-1"
 
 
-def merge_rule(rec: ModuleRecord, leaf: str, group: list[Leaf], rules: dict) -> str:
-    """How the ranks' copies of one leaf combine: replicated, concat:<dim> or sum (see :class:`_RuleFacts`)."""
-    facts = _RuleFacts(group[0])
-    for g in group[1:]:
-        facts.add(g)
-    return facts.rule(rec, leaf, rules)
-
-
 def _rows(lf: Leaf) -> np.ndarray:
     """A leaf's statistics as float64 [calls, 4] (Max, Min, Mean, Norm), NaN where absent."""
     if lf.per_call is not None:
@@ -110,7 +102,7 @@ class _LeafMerge:
     __slots__ = ("facts", "files", "has", "numel", "rows")
 
     def __init__(self, lf: Leaf, d: Dump) -> None:
-        self.facts = _RuleFacts(lf)
+        self.facts = RuleFacts(lf)
         self.files = [_file_of(lf, d)] if lf.data_name else None
         self.has = [v is not None for v in (lf.max, lf.min, lf.mean, lf.norm)]
         self.numel = lf.numel
@@ -247,17 +239,6 @@ class RankMerge:
                      + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                      + (f"; {self.missing} entries missing on some rank kept from rank 0" if self.missing else ""))
         return replace(base, entries=entries, notes=notes, salvage=self.salvage)
-
-
-def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dump:
-    """One dump holding the ranks' leaves merged; rank 0's records name the modules.
-
-    The dumps given are not changed: merged entries are new objects (see :class:`RankMerge`).
-    """
-    merge = RankMerge(dumps[0], recs, rules)
-    for d in dumps[1:]:
-        merge.add(d)
-    return merge.finish()
 
 
 @dataclass(frozen=True)

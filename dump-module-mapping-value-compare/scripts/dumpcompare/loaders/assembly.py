@@ -68,7 +68,7 @@ def _checked(dump: Dump, fmt: str) -> Dump:
 def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None) -> Side:
     """One logical dump of a side: steps joined per rank, then the ranks merged as their content
     says (tensor-parallel shards, pipeline stages)."""
-    # The token count tells a sequence-parallel slice from a feature shard (unshard.merge_rule).
+    # The token count tells a sequence-parallel slice from a feature shard (unshard.RuleFacts.rule).
     tokens = next((f.tokens.numel for st in side.steps for f in st.files if f.tokens is not None), None)
     rules = {**(namer.p.get("tensor_parallel", {}) or {}), "tokens": tokens if len(side.steps) == 1 else None}
     modules, layers = [], []
