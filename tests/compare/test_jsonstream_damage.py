@@ -92,3 +92,15 @@ def test_whole_file_reads_without_salvage(tmp_path, small_window):
     got, sal = _read(tmp_path, blob)
     assert got == keys and sal is None
     assert small_window["max"] <= 4 * CHUNK
+
+
+def test_damage_after_non_ascii_names_is_reported_at_its_byte_offset(tmp_path, small_window):
+    # Multi-byte characters in the keys before the damage: the window's byte count is not its length.
+    blob, keys, ends = _dump_bytes()
+    blob = blob.replace(b"Module.layers.", "Module.层.".encode())
+    keys = [k.replace("layers.", "层.") for k in keys]
+    pos = blob.index(b'"Max"', len(blob) * 3 // 4)
+    damaged = blob[:pos] + b"#" + blob[pos + 1:]
+    got, sal = _read(tmp_path, damaged)
+    assert got == keys[:len(got)] and len(got) > N_ENTRIES // 2
+    assert sal.byte_offset == pos and "not truncated" in sal.reason

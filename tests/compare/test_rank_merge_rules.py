@@ -1,10 +1,10 @@
-"""Rank-merge rules real Megatron/vLLM dumps need (unshard.merge_rule, layout.gather_rank_qkv)."""
+"""Rank-merge rules real Megatron/vLLM dumps need (unshard.RuleFacts, layout.gather_rank_qkv)."""
 import numpy as np
 
 from dumpcompare.compare.layout import gather_rank_qkv
 from dumpcompare.naming import ModuleRecord
 from dumpcompare.records import Leaf
-from dumpcompare.unshard import merge_rule
+from synth.tp import merge_rule
 
 
 def _rec(role):

@@ -19,7 +19,7 @@ from dumpcompare.naming import ModuleRecord
 from dumpcompare.records import Leaf
 from dumpcompare.tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor
 from synth.ptfile import load_tensor
-from dumpcompare.unshard import merge_rule
+from synth.tp import merge_rule
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "real_sglang"
 

@@ -11,6 +11,8 @@ import copy
 
 import numpy as np
 
+from dumpcompare.unshard import RuleFacts
+
 from .model import Config
 from .record import Leaf
 
@@ -112,3 +114,11 @@ def _set(entry, get, leaf: Leaf) -> None:
         if item is get(entry):
             entry.parameters[k] = leaf
             return
+
+
+def merge_rule(rec, leaf: str, group: list, rules: dict) -> str:
+    """The rank-merge rule the running merge decides for ``group`` (one leaf's copy per rank)."""
+    facts = RuleFacts(group[0])
+    for g in group[1:]:
+        facts.add(g)
+    return facts.rule(rec, leaf, rules)

@@ -15,15 +15,14 @@ from . import htmlreport, passthrough, value_align
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
-from .loaders import FORMATS, load_input
-from .loaders.inputs import SidePlan, plan_inputs, survey
-from .loaders.joining import join_stages, join_steps, layer_numbers, split_chunks
-from .loaders.parallel import default_jobs, input_size, load_files
+from .loaders import FORMATS
+from .loaders.assembly import assemble_sides
+from .loaders.inputs import plan_inputs, survey
+from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
-from .naming import Namer, load_profiles, name_side
+from .naming import Namer, load_profiles
 from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
-from .unshard import merge_ranks, rank_relation
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 SIDES = ("train", "rollout")
@@ -109,14 +108,9 @@ def run(args: argparse.Namespace) -> dict:
     say = _progress(args.quiet, flat)
     # Joined steps are renumbered call by call, so their calls are not folded.
     fold = not args.no_fold_calls and not any(len(inputs.side(s).steps) > 1 for s in SIDES)
-    loaded = dict(zip(flat, load_files(flat, functools.partial(load_input, fold=fold), args.jobs, say)))
-    if args.format in ("msprobe", "generic"):
-        wrong = next((f for f, d in loaded.items() if d.fmt != args.format), None)
-        if wrong is not None:
-            raise InputError(f"{wrong}: not a {args.format} dump (--format {args.format})")
-    dumps, fams, recs, layouts = {}, {}, {}, {}
-    for s in SIDES:
-        dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
+    sides = assemble_sides(inputs, namer, {s: getattr(args, f"{s}_family") for s in SIDES}, fold=fold,
+                           fmt=args.format, jobs=args.jobs, progress=say)
+    dumps, fams, recs, layouts = ({s: getattr(sides[s], a) for s in SIDES} for a in ("dump", "family", "recs", "layout"))
     say("mapping and comparing")
     values = value_align.Values({s: dumps[s].entries for s in dumps}, tolerances["statistics"])
     plan = build_plan(recs["train"], recs["rollout"], namer, functools.partial(value_align.align, values=values))
@@ -200,40 +194,6 @@ def _references(args: argparse.Namespace, namer: Namer) -> dict:
         out[s] = reference.SideReference(ckpt, config, reference.index_points(ckpt, namer), args.reference_taken_as,
                                          cfg_file)
     return out
-
-
-def _assemble(side: SidePlan, loaded: dict, namer: Namer, family: str | None):
-    """One logical dump of a side from its planned files: steps joined per rank, then the ranks
-    merged as their content says (tensor-parallel shards, pipeline stages)."""
-    per_rank = [join_steps([loaded[st.files[r].path] for st in side.steps], [st.step for st in side.steps])
-                for r in range(side.n_ranks)]
-    # Under a virtual pipeline every rank holds several model chunks; each (chunk, rank) is a
-    # stage, run chunk-major (chunk c of every rank before chunk c + 1 of the first).
-    chunks = [split_chunks(d) for d in per_rank]
-    units = sorted(((c, r, d) for r, cs in enumerate(chunks) for c, d in cs), key=lambda u: (u[0], u[1]))
-    per_rank = [d for _c, _r, d in units]
-    layout = rank_relation([frozenset(f"{c}:{e.raw_path}" for e in d.entries if e.kind == "module")
-                            for c, _r, d in units],
-                           [layer_numbers(d) for d in per_rank],
-                           [c == 0 and any(f.tokens is not None for f in (st.files[r] for st in side.steps))
-                            for c, r, _d in units], side.arg, side.side)
-    if len(units) != side.n_ranks:
-        layout = replace(layout, units=tuple((r, c) for c, r, _d in units))
-    # The token count tells a sequence-parallel slice from a feature shard (unshard.merge_rule).
-    tokens = next((f.tokens.numel for st in side.steps for f in st.files if f.tokens is not None), None)
-    rules = {**(namer.p.get("tensor_parallel", {}) or {}), "tokens": tokens if len(side.steps) == 1 else None}
-    stages = []
-    for group in layout.stages:
-        ranks = [per_rank[r] for r in group]
-        fam, recs = name_side(ranks[0], side.side, namer, family)
-        stages.append(merge_ranks(ranks, recs, rules))
-    labels = [side.steps[0].files[units[g[0]][1]].rank if len(units) == side.n_ranks
-              else f"{side.steps[0].files[units[g[0]][1]].rank} chunk {units[g[0]][0]}" for g in layout.stages]
-    dump = join_stages(stages, list(layout.offsets), labels)
-    if side.notes:
-        dump = replace(dump, notes=[*side.notes, *dump.notes])
-    fam, recs = name_side(dump, side.side, namer, family) if len(stages) > 1 else (fam, recs)
-    return dump, fam, recs, layout
 
 
 def _progress(quiet: bool, paths: list):

@@ -1,9 +1,10 @@
 """Merge the tensor-parallel ranks of one side into one logical dump (the "unsharder").
 
-The planner (:func:`merge_rule`) decides per leaf how ranks relate; the executor
-(:func:`merge_ranks`) combines statistics exactly where the math allows and records, for tensor
-files, which file of which rank holds each shard. The rules, and why they hold for Megatron,
-vLLM and SGLang, are in references/tensor_parallel.md.
+Ranks are merged one at a time (:class:`RankMerge`, fed by loaders/assembly.py), so a side never
+holds all its ranks: per leaf, the facts its rule needs are gathered rank by rank and the rule
+(:meth:`RuleFacts.rule`) decided at the end; statistics are combined exactly where the math allows,
+and for tensor files the merge records which file of which rank holds each shard. The rules, and
+why they hold for Megatron, vLLM and SGLang, are in references/tensor_parallel.md.
 """
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .compare import leaf_stats, n_calls
-from .compare.stats import ATTRS, combine
 from .errors import InputError
 from .naming import ModuleRecord
 from .records import FORWARD, Dump, Leaf
@@ -34,111 +33,212 @@ def _same(a: Leaf, b: Leaf) -> bool:
     return a.checksum == b.checksum
 
 
-def merge_rule(rec: ModuleRecord, leaf: str, group: list[Leaf], rules: dict) -> str:
-    """How the ranks' copies of one leaf combine: replicated, concat:<dim> or sum.
+class RuleFacts:
+    """What the rule of one leaf depends on, gathered one rank at a time (rank 0's leaf first)."""
+    __slots__ = ("first", "n", "hinted", "same", "diff", "shape")
 
-    User overrides first, then what the dump declares (``shard_hint``), then guesses."""
-    for o in rules.get("overrides", []) or []:
-        if re.search(o["module"], rec.path) and re.search(o.get("leaf", "."), leaf):
-            return o["rule"]
-    hints = {g.shard_hint for g in group}
-    if len(hints) == 1 and None not in hints:
-        return hints.pop()
-    if all(_same(group[0], g) for g in group[1:]):
-        return "replicated"
-    shapes = [g.shape for g in group]
-    if all(s is not None for s in shapes) and len({len(s) for s in shapes}) == 1:
-        diff = {i for s in shapes for i, (x, y) in enumerate(zip(s, shapes[0])) if x != y}
-        if len(diff) == 1:
-            return f"concat:{diff.pop()}"
-    row = rec.role in rules.get("row_parallel_roles", _ROW_PARALLEL_DEFAULT)
-    if leaf.startswith("parameters."):
-        return "concat:1" if row and leaf.endswith("weight") else "concat:0"
-    shape = group[0].shape
-    tokens = rules.get("tokens")
-    if shape and tokens and shape[0] * len(group) * (shape[1] if len(shape) > 2 else 1) == tokens:
-        # Sequence parallel: each rank holds its slice of the tokens (Megatron [s/tp, b, h]).
-        return "concat:0"
-    if row and leaf.startswith("output"):
-        return "sum"
-    if shape and len(shape) == 4:
-        # Per-head activations ([s, b, heads, head_dim] in Megatron): ranks hold heads, never a
-        # slice of the head size.
-        return "concat:2"
-    return "concat:-1"
+    def __init__(self, first: Leaf) -> None:
+        self.first = first
+        self.n = 1
+        self.hinted = first.shard_hint is not None     # every rank declares first's shard_hint
+        self.same = True                               # every rank replicates rank 0
+        self.diff: set | None = set() if first.shape is not None else None   # dims whose sizes differ
+        self.shape = list(first.shape) if first.shape is not None else None  # sizes summed over ranks
+
+    def add(self, lf: Leaf) -> None:
+        """Take the next rank's copy of the leaf."""
+        first = self.first
+        self.n += 1
+        self.hinted = self.hinted and lf.shard_hint == first.shard_hint
+        self.same = self.same and _same(first, lf)
+        if self.diff is not None:
+            if lf.shape is None or len(lf.shape) != len(first.shape):
+                self.diff = self.shape = None
+            else:
+                self.diff.update(i for i, (x, y) in enumerate(zip(lf.shape, first.shape)) if x != y)
+                self.shape = [a + b for a, b in zip(self.shape, lf.shape)]
+
+    def rule(self, rec: ModuleRecord, leaf: str, rules: dict) -> str:
+        """How the ranks' copies combine: replicated, concat:<dim> or sum.
+
+        User overrides first, then what the dump declares (``shard_hint``), then guesses."""
+        for o in rules.get("overrides", []) or []:
+            if re.search(o["module"], rec.path) and re.search(o.get("leaf", "."), leaf):
+                return o["rule"]
+        if self.hinted:
+            return self.first.shard_hint
+        if self.same:
+            return "replicated"
+        if self.diff is not None and len(self.diff) == 1:
+            return f"concat:{next(iter(self.diff))}"
+        row = rec.role in rules.get("row_parallel_roles", _ROW_PARALLEL_DEFAULT)
+        if leaf.startswith("parameters."):
+            return "concat:1" if row and leaf.endswith("weight") else "concat:0"
+        shape = self.first.shape
+        tokens = rules.get("tokens")
+        if shape and tokens and shape[0] * self.n * (shape[1] if len(shape) > 2 else 1) == tokens:
+            # Sequence parallel: each rank holds its slice of the tokens (Megatron [s/tp, b, h]).
+            return "concat:0"
+        if row and leaf.startswith("output"):
+            return "sum"
+        if shape and len(shape) == 4:
+            # Per-head activations ([s, b, heads, head_dim] in Megatron): ranks hold heads, never a
+            # slice of the head size.
+            return "concat:2"
+        return "concat:-1"
 
 
-def _merged_leaf(group: list[Leaf], rule: str, dumps: list[Dump]) -> Leaf:
-    first = group[0]
+def _rows(lf: Leaf) -> np.ndarray:
+    """A leaf's statistics as float64 [calls, 4] (Max, Min, Mean, Norm), NaN where absent."""
+    if lf.per_call is not None:
+        return lf.per_call
+    return np.array([[np.nan if v is None else v for v in (lf.max, lf.min, lf.mean, lf.norm)]], dtype=np.float64)
+
+
+class _LeafMerge:
+    """The running merge of one leaf: its rule facts, the rank files of its shards, and the
+    statistics of the concatenation so far (exact: max of Max, min of Min, element-weighted Mean,
+    root-sum-square Norm, per call; compare/stats.combine is the same math over all parts at once)."""
+    __slots__ = ("facts", "files", "has", "numel", "rows")
+
+    def __init__(self, lf: Leaf, d: Dump) -> None:
+        self.facts = RuleFacts(lf)
+        self.files = [_file_of(lf, d)] if lf.data_name else None
+        self.has = [v is not None for v in (lf.max, lf.min, lf.mean, lf.norm)]
+        self.numel = lf.numel
+        self.rows = _rows(lf).copy()    # a fresh accumulator: the loaded leaf is never written
+
+    def add(self, lf: Leaf, d: Dump) -> None:
+        """Fold in the next rank's copy of the leaf."""
+        self.facts.add(lf)
+        if self.files is not None and lf.data_name:
+            self.files.append(_file_of(lf, d))
+        else:
+            self.files = None
+        self.has = [h and v is not None for h, v in zip(self.has, (lf.max, lf.min, lf.mean, lf.norm))]
+        r = _rows(lf)
+        # Only the calls every rank holds are merged (compare.n_calls).
+        k = min(len(self.rows), len(r))
+        acc, r = self.rows[:k], r[:k]
+        n_old, n_new = self.numel, lf.numel
+        self.numel = None if n_old is None or n_new is None else n_old + n_new
+        with np.errstate(all="ignore"):
+            np.maximum(acc[:, 0], r[:, 0], out=acc[:, 0])
+            np.minimum(acc[:, 1], r[:, 1], out=acc[:, 1])
+            if self.numel:
+                # Weights below 1 keep the running mean from overflowing for huge values or counts.
+                acc[:, 2] = acc[:, 2] * (n_old / self.numel) + r[:, 2] * (n_new / self.numel)
+            np.hypot(acc[:, 3], r[:, 3], out=acc[:, 3])
+        self.rows = acc
+
+    def leaf(self, rec: ModuleRecord, rules: dict) -> tuple[Leaf, str]:
+        """The merged leaf and the rule that merged it."""
+        first, facts = self.facts.first, self.facts
+        rule = facts.rule(rec, first.name, rules)
+        files = tuple(self.files) if self.files is not None else None
+        if rule == "replicated":
+            return replace(first, merge=rule), rule
+        if rule == "sum":
+            # Partial sums: the statistics of a sum are not a function of the parts' statistics.
+            return replace(first, max=None, min=None, mean=None, norm=None, per_call=None, merge=rule,
+                           shards=files, checksum=None), rule
+        dim = int(rule.split(":")[1])
+        shape = first.shape if not first.shape else None     # unknown, or a 0-d tensor: kept
+        if first.shape:
+            dim = dim % len(first.shape)
+            if facts.shape is not None:
+                shape = list(first.shape)
+                shape[dim] = facts.shape[dim]
+        elif first.shape is not None:
+            dim = 0
+        has = list(self.has)
+        has[2] = has[2] and bool(self.numel)
+        rows = self.rows.copy()
+        rows[:, [j for j, h in enumerate(has) if not h]] = np.nan
+        stats = [float(v) if h else None for v, h in zip(rows[0], has)]
+        # A digest is of one rank's shard, never of the concatenation.
+        return replace(first, shape=tuple(shape) if shape is not None else None, max=stats[0], min=stats[1],
+                       mean=stats[2], norm=stats[3], per_call=rows if len(rows) > 1 else None,
+                       merge=f"concat:{dim}", shards=files, checksum=None), f"concat:{dim}"
+
+
+def _file_of(lf: Leaf, d: Dump) -> tuple:
     # A leaf of a joined step already names its own folder (loaders/joining.py).
-    files = tuple(g.shards[0] if g.shards else (d.dump_dir, g.data_name, d.dump_data_dir)
-                  for d, g in zip(dumps, group)) if all(g.data_name for g in group) else None
-    if rule == "replicated":
-        return replace(first, merge=rule)
-    if rule == "sum":
-        # Partial sums: the statistics of a sum are not a function of the parts' statistics.
-        return replace(first, max=None, min=None, mean=None, norm=None, per_call=None, merge=rule, shards=files,
-                       checksum=None)
-    dim = int(rule.split(":")[1])
-    shape = list(first.shape) if first.shape is not None else None
-    if shape is not None:
-        dim = dim % len(shape) if shape else 0
-        shape[dim] = sum(g.shape[dim] for g in group)
-    st = combine([leaf_stats(g) for g in group])
-    calls = n_calls(group)
-    per_call = None
-    if calls > 1:
-        pc = combine([leaf_stats(g, calls) for g in group])
-        per_call = np.stack([np.full(calls, np.nan) if getattr(pc, a) is None else getattr(pc, a)
-                             for a in ATTRS], axis=1)
-    # A digest is of one rank's shard, never of the concatenation.
-    return replace(first, shape=tuple(shape) if shape is not None else None, max=st.max, min=st.min,
-                   mean=st.mean, norm=st.norm, per_call=per_call, merge=f"concat:{dim}", shards=files,
-                   checksum=None)
+    return lf.shards[0] if lf.shards else (d.dump_dir, lf.data_name, d.dump_data_dir)
 
 
-def merge_ranks(dumps: list[Dump], recs: list[ModuleRecord], rules: dict) -> Dump:
-    """One dump holding the ranks' leaves merged; rank 0's records name the modules.
+class RankMerge:
+    """The tensor-parallel ranks of one side merged one rank at a time, so that only the merge so
+    far and the incoming rank are held (a running reduction whose statistics stay exact).
 
-    The dumps given are not changed: merged entries are new objects.
+    Rank 0's dump and records name the modules; entries missing on some rank, non-tensor leaves
+    and everything but forward modules are kept from rank 0. No dump given is changed.
     """
-    base = dumps[0]
-    if len(dumps) == 1:
-        return base
-    peers = [{e.key: e for e in d.entries} for d in dumps[1:]]
-    counts: dict[str, int] = {}
-    missing = 0
-    entries = []
-    for e, rec in zip(base.entries, recs):
-        if e.direction != FORWARD or e.kind != "module":
-            entries.append(e)
-            continue
-        others = [p.get(e.key) for p in peers]
-        if any(o is None for o in others):
-            missing += 1
-            entries.append(e)
-            continue
-        by_name = [{lf.name: lf for lf in o.leaves} for o in others]
-        leaves = []
-        for lf in e.leaves:
-            group = [lf] + [b.get(lf.name) for b in by_name]
-            if not lf.is_tensor or any(g is None for g in group):
-                leaves.append(lf)
+
+    def __init__(self, base: Dump, recs: list[ModuleRecord], rules: dict) -> None:
+        self.base, self.recs, self.rules = base, recs, rules
+        self.n = 1
+        self.folded = {base.folded}
+        self.salvage = base.salvage
+        # Per entry of rank 0: None (kept as is), or one _LeafMerge (None: kept) per leaf.
+        self.acc: list[list | None] = [
+            [_LeafMerge(lf, base) if lf.is_tensor else None for lf in e.leaves]
+            if e.direction == FORWARD and e.kind == "module" else None for e in base.entries]
+        self.missing = 0
+
+    def add(self, d: Dump) -> None:
+        """Merge in the next rank's dump (ranks in rank order)."""
+        self.n += 1
+        self.folded.add(d.folded)
+        self.salvage = self.salvage or d.salvage
+        peers = {e.key: e for e in d.entries}
+        for i, (e, acc) in enumerate(zip(self.base.entries, self.acc)):
+            if acc is None:
                 continue
-            rule = merge_rule(rec, lf.name, group, rules)
-            leaves.append(_merged_leaf(group, rule, dumps))
-            kind = rule.split(":")[0]
-            counts[kind] = counts.get(kind, 0) + 1
-        entries.append(replace(e, leaves=leaves))
-    notes = list(base.notes)
-    if len({d.folded for d in dumps}) > 1:
-        notes.append("the ranks' repeated calls could not all be folded alike: only call 0 of modules "
-                     "whose calls some rank kept apart was merged across ranks")
-    notes.append(f"merged {len(dumps)} tensor-parallel ranks: "
-                 + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-                 + (f"; {missing} entries missing on some rank kept from rank 0" if missing else ""))
-    salvage = base.salvage or next((d.salvage for d in dumps[1:] if d.salvage), None)
-    return replace(base, entries=entries, notes=notes, salvage=salvage)
+            o = peers.get(e.key)
+            if o is None:
+                self.acc[i] = None
+                self.missing += 1
+                continue
+            by_name = {lf.name: lf for lf in o.leaves}
+            for j, (lf, m) in enumerate(zip(e.leaves, acc)):
+                if m is None:
+                    continue
+                g = by_name.get(lf.name)
+                if g is None:
+                    acc[j] = None
+                else:
+                    m.add(g, d)
+
+    def finish(self) -> Dump:
+        """The merged dump."""
+        base = self.base
+        if self.n == 1:
+            return base
+        counts: dict[str, int] = {}
+        entries = []
+        for e, rec, acc in zip(base.entries, self.recs, self.acc):
+            if acc is None:
+                entries.append(e)
+                continue
+            leaves = []
+            for lf, m in zip(e.leaves, acc):
+                if m is None:
+                    leaves.append(lf)
+                    continue
+                merged, rule = m.leaf(rec, self.rules)
+                leaves.append(merged)
+                kind = rule.split(":")[0]
+                counts[kind] = counts.get(kind, 0) + 1
+            entries.append(replace(e, leaves=leaves))
+        notes = list(base.notes)
+        if len(self.folded) > 1:
+            notes.append("the ranks' repeated calls could not all be folded alike: only call 0 of modules "
+                         "whose calls some rank kept apart was merged across ranks")
+        notes.append(f"merged {self.n} tensor-parallel ranks: "
+                     + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                     + (f"; {self.missing} entries missing on some rank kept from rank 0" if self.missing else ""))
+        return replace(base, entries=entries, notes=notes, salvage=self.salvage)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 from ..errors import InputError
 from ..records import Salvage
 
-_CHUNK = 8 << 20
+# The window's copies and the chunk read into it are the reader's own memory: kept small.
+_CHUNK = 1 << 20
 _WS = " \t\n\r"
 # Longest unfinished token the scanner reports away from its own start ("-Infinity", "\\uXXXX",
 # a number's dangling "e-"), with room to spare.
@@ -62,8 +63,8 @@ class _Buffer:
         if self.eof:
             return False
         if self.pos > _CHUNK:
-            consumed = self.text[: self.pos]
-            self.dropped_bytes += len(consumed.encode("utf-8", "surrogatepass"))
+            # An ASCII window (the usual dump) counts its bytes without a copy.
+            self.dropped_bytes += self.pos if self.text.isascii() else self.offset_of(self.pos) - self.dropped_bytes
             self.text = self.text[self.pos:]
             self.pos = 0
         more = self.fh.read(max(_CHUNK, len(self.text)))

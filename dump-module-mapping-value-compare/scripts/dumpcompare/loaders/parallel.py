@@ -7,11 +7,13 @@ small. Small inputs are read in this process: starting workers costs more than i
 """
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import time
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..records import Dump
 
@@ -27,9 +29,13 @@ def default_jobs() -> int:
 
 
 def load_files(paths: list, load: Callable[[Any], Dump], jobs: int | None = None,
-               progress: Callable[[str], None] | None = None) -> list[Dump]:
-    """``load`` every path (a file, or an SGLang dumper part), in parallel when it pays; results
-    in the order of ``paths``."""
+               progress: Callable[[str], None] | None = None) -> Iterator[Dump]:
+    """``load`` every path (a file, or an SGLang dumper part), in parallel when it pays; yields
+    the dumps in the order of ``paths``.
+
+    At most ``jobs`` files are read ahead of the one the caller is working on, so a caller that
+    drops each dump before taking the next holds about ``jobs`` + 1 of them, whatever the count.
+    """
     sizes = [input_size(p) for p in paths]
     if jobs is None:
         jobs = default_jobs() if sum(sizes) >= PARALLEL_MIN_BYTES else 1
@@ -38,20 +44,30 @@ def load_files(paths: list, load: Callable[[Any], Dump], jobs: int | None = None
     start = time.perf_counter()
     say(f"reading {len(paths)} dump file(s), {sum(sizes) / 1e6:.0f} MB, with {jobs} process(es)")
     if jobs == 1:
-        dumps = []
         for p, n in zip(paths, sizes):
-            dumps.append(load(p))
+            dump = load(p)
             say(f"read {p} ({n / 1e6:.0f} MB) in {time.perf_counter() - start:.1f} s")
-        return dumps
+            yield dump
+            del dump        # not held while the next file is read
+        return
     # fork is cheap and needs no re-import; platforms without it use their default start method.
+    # The workers are forked before any dump is held here, so they do not carry copies of them.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = [pool.submit(load, p) for p in paths]
-        dumps = []
-        for p, n, fut in zip(paths, sizes, futures):
-            dumps.append(fut.result())
+        ahead: deque = deque()
+        todo = iter(zip(paths, sizes))
+        for p, n in itertools.islice(todo, jobs):
+            ahead.append((p, n, pool.submit(load, p)))
+        while ahead:
+            p, n, fut = ahead.popleft()
+            dump = fut.result()
+            del fut
+            nxt = next(todo, None)
+            if nxt is not None:
+                ahead.append((*nxt, pool.submit(load, nxt[0])))
             say(f"read {p} ({n / 1e6:.0f} MB) in {time.perf_counter() - start:.1f} s")
-    return dumps
+            yield dump
+            del dump
 
 
 def input_size(p) -> int:
