@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import checkpoint, reference, replay
 from . import documents as D
-from . import htmlreport, passthrough
+from . import htmlreport, passthrough, plan_io
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-taken-as", choices=REFERENCE_ROLES, default=REFERENCE_ROLES[0],
                     help="what the checkpoint is: the initial one (dumps before the first weight sync) or one "
                          "saved at the dumped step")
+    ap.add_argument("--plan", help="an output_2_mapping.json saved by an earlier run: execute that mapping plan on "
+                    "these dumps instead of naming and mapping them again (its module keys must be in the dumps)")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
     ap.add_argument("--no-fold-calls", action="store_true",
                     help="keep every call of a module as its own entry (one output row per call; slower on large dumps)")
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> dict:
     for s in SIDES:
         dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
     say("mapping and comparing")
-    plan = build_plan(recs["train"], recs["rollout"], namer)
+    plan = plan_io.load(args.plan, recs) if args.plan else build_plan(recs["train"], recs["rollout"], namer)
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
     views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
                          [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],

@@ -110,7 +110,8 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
               "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
               "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf} for x in c.rollout],
               "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair,
-              "stitched": c.stitched}
+              "stitched": c.stitched,
+              "heads": [{"what": what, "side": s, "key": recs[s][x.rec].key, "leaf": x.leaf} for what, s, x in c.heads]}
              for c in plan.comparisons]
     doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided, "comparisons": comps,
            "unmatched_points": plan.unmatched_points}

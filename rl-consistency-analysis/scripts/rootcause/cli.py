@@ -14,7 +14,7 @@ SKILL_ROOT = Path(__file__).resolve().parents[2]
 # checks that these declarations match run_compare.py's and that each one is passed through.
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
                        "rollout_family", "format", "naming", "tolerances", "jobs", "model", "train_model",
-                       "rollout_model", "train_config", "rollout_config", "reference_taken_as")
+                       "rollout_model", "train_config", "rollout_config", "reference_taken_as", "plan")
 PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls")
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 FORMATS = ("auto", "msprobe", "generic", "sglang")
@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{side}-config", help=f"config.json the {side} engine resolved, passed to the compare step")
     ap.add_argument("--reference-taken-as", choices=("initial", "at_step"),
                     help="what the checkpoint is (initial, or saved at the dumped step), passed to the compare step")
+    ap.add_argument("--plan", help="an output_2_mapping.json of an earlier run whose mapping plan the compare step "
+                    "executes instead of mapping again, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=_positive_int, help="processes reading the dumps, passed to the compare step")
