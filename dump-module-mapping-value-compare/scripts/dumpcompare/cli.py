@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> dict:
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
     refs = _references(args, namer)
+    saved = plan_io.read(args.plan) if args.plan else None
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
                          {s: getattr(args, f"{s}_rank") for s in SIDES},
                          {s: survey(getattr(args, s), s, args.format) for s in SIDES})
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> dict:
     for s in SIDES:
         dumps[s], fams[s], recs[s], layouts[s] = _assemble(inputs.side(s), loaded, namer, getattr(args, f"{s}_family"))
     say("mapping and comparing")
-    plan = plan_io.load(args.plan, recs) if args.plan else build_plan(recs["train"], recs["rollout"], namer)
+    plan = plan_io.resolve(saved, args.plan, recs) if saved else build_plan(recs["train"], recs["rollout"], namer)
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
     views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
                          [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],

@@ -44,8 +44,8 @@ class _Keys:
         return Carrier(i, held["leaf"], io)
 
 
-def load(path: str | Path, recs: dict[str, list[ModuleRecord]]) -> MappingPlan:
-    """The plan saved in ``path`` with its modules found by key in ``recs`` (per side)."""
+def read(path: str | Path) -> dict:
+    """The saved plan document (checked before the dumps are read, so a wrong file fails fast)."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -53,6 +53,12 @@ def load(path: str | Path, recs: dict[str, list[ModuleRecord]]) -> MappingPlan:
         raise InputError(f"{path}: --plan is not a readable JSON file ({exc})") from None
     if not isinstance(doc, dict) or str(doc.get("schema_version", "")).split(".")[0] != _MAJOR:
         raise InputError(f"{path}: --plan needs an output_2_mapping.json of schema_version {_MAJOR}.x")
+    return doc
+
+
+def resolve(doc: dict, path: str | Path, recs: dict[str, list[ModuleRecord]]) -> MappingPlan:
+    """The plan ``doc`` (read from ``path``) with its modules found by key in ``recs`` (per side)."""
+    path = Path(path)
     keys = _Keys(path, recs)
     try:
         plan = _plan(doc, keys)
