@@ -111,11 +111,13 @@ def load(out_dir: Path) -> Evidence:
 def _check_references(path: Path, ev: Evidence) -> None:
     """Every pair id and one-sided key a verdict names is a record of the same file."""
     for i, m in enumerate(ev.modules):
-        refs = [*m["one_sided_between"], *(r for obs in (m.get("observed_downstream") or {}).values()
-                                             for r in obs.get("one_sided_between", []))]
+        observed = list((m.get("observed_downstream") or {}).values())
+        refs = [*m["one_sided_between"], *(r for obs in observed for r in obs.get("one_sided_between", []))]
         pids = [m["previous_aligned"], *m["containers"]]
         bad = [p for p in pids if p is not None and p not in ev.pos]
+        bad += [f"observed_downstream without one_sided_between ({obs.get('module')})"
+                for obs in observed if "one_sided_between" not in obs]
         bad += [json.dumps(r) for r in refs
                 if not isinstance(r, dict) or (r.get("side"), r.get("key")) not in ev.one_sided]
         if bad:
-            raise EvidenceError(f"{path}: modules[{i}] names records the file does not hold: {', '.join(map(str, bad))}")
+            raise EvidenceError(f"{path}: modules[{i}] has references that do not resolve in this file: {', '.join(map(str, bad))}")

@@ -485,7 +485,7 @@ def _op_before_observer(ev: Evidence, m: dict) -> dict | None:
     """An unexpected one-sided module between a suspect's boundary and the later pair where one
     side's copy of the suspect's output was read (output_4 ``observed_downstream``)."""
     for obs in (m.get("observed_downstream") or {}).values():
-        op = _pick_op(ev.one_sided_of(obs.get("one_sided_between", [])))
+        op = _pick_op(ev.one_sided_of(obs["one_sided_between"]))
         if op is not None:
             return op
     return None
