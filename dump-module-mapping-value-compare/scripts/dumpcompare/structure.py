@@ -7,6 +7,8 @@ reads them and never works them out again (output_schemas.md, output_4 ``Verdict
 """
 from __future__ import annotations
 
+import bisect
+
 from .mapping import OneSided, Pair
 from .naming import ModuleRecord
 
@@ -17,11 +19,17 @@ _ENCLOSING_ROLES = ("wrapper", "model", "root")
 
 def containers(pairs: list[Pair], train: list[ModuleRecord]) -> dict[str, list[str]]:
     """pid -> pids of the pairs whose single train module holds every train module of the pair
-    (by path, so wrappers do not matter), innermost first; pairs of one path in pair order."""
-    by_path: dict[str, list[str]] = {}
+    (by path, so wrappers do not matter), innermost first.
+
+    A module called several times (calls kept apart, ``--no-fold-calls``) has one pair per call;
+    the call holding a pair is the first one written after it, since a module's entry is written
+    when its forward returns, after its children's (the last one before it when none follows)."""
+    calls: dict[str, tuple[list[int], list[str]]] = {}      # path -> (train indices, pids), in order
     for p in pairs:
         if len(p.train) == 1:
-            by_path.setdefault(train[p.train[0]].path, []).append(p.pid)
+            idx, pids = calls.setdefault(train[p.train[0]].path, ([], []))
+            idx.append(p.train[0])
+            pids.append(p.pid)
     out = {}
     for p in pairs:
         paths = [train[i].path for i in p.train]
@@ -29,8 +37,9 @@ def containers(pairs: list[Pair], train: list[ModuleRecord]) -> dict[str, list[s
         found = []
         for n in range(len(parts) - 1, 0, -1):
             prefix = ".".join(parts[:n])
-            if prefix in by_path and all(x.startswith(prefix + ".") for x in paths):
-                found += by_path[prefix]
+            if prefix in calls and all(x.startswith(prefix + ".") for x in paths):
+                idx, pids = calls[prefix]
+                found.append(pids[min(bisect.bisect_right(idx, max(p.train)), len(pids) - 1)])
         out[p.pid] = found
     return out
 
