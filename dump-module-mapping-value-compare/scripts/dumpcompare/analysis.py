@@ -10,6 +10,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from . import structure
 from .compare import SEVERITY, Result
 from .mapping import MappingPlan, Pair
 from .naming import ModuleRecord
@@ -58,6 +59,11 @@ class ModuleVerdict:
     observed_downstream: dict[str, dict] = field(default_factory=dict)
     points: dict[str, list[PointVerdict]] = field(default_factory=dict)
     note: str | None = None
+    # Where the pair sits (structure.py): the pid of the aligned pair whose output feeds it, the
+    # pids of the pairs holding it (innermost first) and the one-sided modules between the two.
+    previous_aligned: str | None = None
+    containers: list[str] = field(default_factory=list)
+    one_sided_between: list[dict] = field(default_factory=list)
 
 
 _AMP_FLOOR = 1e-7
@@ -99,9 +105,19 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
     by_point = {(r.point, r.pair): r for r in results}
     by_cid = {r.cid: r for r in results}
     produced = {pt for p in plan.pairs for pt in p.points["out"]}
-    containers = _container_ids(plan.pairs, train)
+    held_by = structure.containers(plan.pairs, train)
+    containers = {c for cs in held_by.values() for c in cs}
+    first_child = structure.first_children(plan.pairs, held_by)
+    windows = structure.OneSidedWindows(plan.one_sided, {"train": train, "rollout": rollout}, plan.pairs)
+    pair_at = {s: {} for s in ("train", "rollout")}
+    for p in plan.pairs:
+        for s, idx, recs in (("train", p.train, train), ("rollout", p.rollout, rollout)):
+            for i in idx:
+                pair_at[s].setdefault(recs[i].path, p)
     verdicts: list[ModuleVerdict] = []
-    prev: dict = {}          # layer -> output status of the last non-container pair there
+    out_status: dict[str, str] = {}
+    before_of: dict[str, str | None] = {}
+    prev: dict = {}          # layer -> pid of the last non-container pair there with a graded output
     last: str | None = None
     diverged_earlier: set[str] = set()   # points an earlier pair already output diverged
     masked: set[str] = set()             # statistics that agree only after the inputs diverged
@@ -110,9 +126,22 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
                       {r.key: i for i, r in enumerate(recs)})
                   for s, recs in (("train", train), ("rollout", rollout))}
     for pair in plan.pairs:
+        is_container = pair.pid in containers
         before = prev.get(pair.layer, last) if pair.layer is not None else last
-        v = _judge(pair, by_point, by_cid, produced, train, rollout, before, diverged_earlier, masked, unexpected)
-        v.is_container = pair.pid in containers
+        if is_container and first_child.get(pair.pid) in before_of:
+            # A container's input is what reaches its first child, not its last child's output.
+            before = before_of[first_child[pair.pid]]
+        before_of[pair.pid] = before
+        v = _judge(pair, by_point, by_cid, produced, train, rollout, out_status.get(before), diverged_earlier,
+                   masked, unexpected)
+        v.is_container = is_container
+        v.previous_aligned, v.containers = before, held_by[pair.pid]
+        v.one_sided_between = windows.between(before, pair, is_container)
+        for obs in v.observed_downstream.values():
+            end = pair_at[obs["side"]].get(obs["module"])
+            obs["pair"] = end.pid if end else None
+            obs["one_sided_between"] = windows.between(before, end, end.pid in containers) if end else []
+        out_status[pair.pid] = v.output_status
         verdicts.append(v)
         diverged_earlier.update(p.point for p in v.points["out"] if p.status in DIVERGED)
         if v.input_status in DIVERGED and v.output_status in ("match", "drift"):
@@ -121,8 +150,8 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
             masked.update(p.point for p in v.points["out"]
                           if p.cid in by_cid and by_cid[p.cid].mode == "statistics")
         if not v.is_container and v.output_status in SEVERITY:
-            prev[pair.layer] = last = v.output_status
-    _containers(verdicts, train)
+            prev[pair.layer] = last = pair.pid
+    _containers(verdicts)
     return verdicts, _first_divergence(verdicts, results, train)
 
 
@@ -236,31 +265,15 @@ def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boun
     return "clean", 5, "outputs agree within tolerance"
 
 
-def _container_ids(pairs: list[Pair], train: list[ModuleRecord]) -> set[str]:
-    """Pairs whose train module holds other paired modules (by path, so wrappers do not matter)."""
-    paths = sorted({train[i].path for p in pairs for i in p.train})
-    out = set()
-    for p in pairs:
-        if len(p.train) != 1:
-            continue
-        own = train[p.train[0]].path
-        prefix = own + "." if own else ""
-        i = bisect.bisect_right(paths, prefix) if prefix else 0
-        if i < len(paths) and paths[i].startswith(prefix) and paths[i] != own:
-            out.add(p.pid)
-    return out
-
-
-def _containers(verdicts: list[ModuleVerdict], train: list[ModuleRecord]) -> None:
+def _containers(verdicts: list[ModuleVerdict]) -> None:
     """A container whose divergence a child already explains is propagation, not an origin."""
     # Only rank-1/2 modules can explain a container; there are few, so scan them per container.
     strong = sorted((k for k in verdicts if k.module_priority_rank <= 2), key=lambda k: (k.is_container, k.train_order))
     for v in verdicts:
         if not v.is_container or v.status not in ("origin", "parameter_mismatch", "propagated"):
             continue
-        prefix = v.train_modules[0] + "." if v.train_modules[0] else ""
-        culprit = next((k for k in strong if k is not v and k.module_priority_rank <= 2
-                        and all(m.startswith(prefix) for m in k.train_modules)), None)
+        culprit = next((k for k in strong if k is not v and k.module_priority_rank <= 2 and v.pid in k.containers),
+                       None)
         if culprit is not None and v.output_status in DIVERGED + ("drift",):
             v.status, v.module_priority_rank = "propagated", 3
             v.explained_by = culprit.pid

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import checkpoint, reference, refforward, replay, token_ids
 from . import documents as D
-from . import htmlreport, passthrough, value_align
+from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
 from .compare import Executor, SideView, load_tolerances
 from .errors import InputError
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: on with --model when the model family is supported)")
     ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list or a file holding one "
                     "(default: recovered from the dump where it can be)")
+    ap.add_argument("--plan", help="an output_2_mapping.json saved by an earlier run: execute that mapping plan on "
+                    "these dumps instead of naming and mapping them again (its module keys must be in the dumps)")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
     ap.add_argument("--no-fold-calls", action="store_true",
                     help="keep every call of a module as its own entry (one output row per call; slower on large dumps)")
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> dict:
     given = token_ids.parse_given(args.token_ids)
     if args.reference_forward and not any(refs.values()):
         raise InputError("--reference-forward needs --model (or --train-model/--rollout-model)")
+    saved = plan_io.read(args.plan) if args.plan else None
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
                          {s: getattr(args, f"{s}_rank") for s in SIDES},
                          {s: survey(getattr(args, s), s, args.format) for s in SIDES})
@@ -112,8 +115,11 @@ def run(args: argparse.Namespace) -> dict:
                            fmt=args.format, jobs=args.jobs, progress=say)
     dumps, fams, recs, layouts = ({s: getattr(sides[s], a) for s in SIDES} for a in ("dump", "family", "recs", "layout"))
     say("mapping and comparing")
-    values = value_align.Values({s: dumps[s].entries for s in dumps}, tolerances["statistics"])
-    plan = build_plan(recs["train"], recs["rollout"], namer, functools.partial(value_align.align, values=values))
+    if saved:
+        plan = plan_io.resolve(saved, args.plan, recs)
+    else:
+        values = value_align.Values({s: dumps[s].entries for s in dumps}, tolerances["statistics"])
+        plan = build_plan(recs["train"], recs["rollout"], namer, functools.partial(value_align.align, values=values))
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
     views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
                          [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],

@@ -72,6 +72,14 @@ def _count(rs: list[ModuleRecord], direction: str) -> int:
     return sum(1 for r in rs if r.kind == "module" and r.direction == direction)
 
 
+def _one_sided_record(o, r: ModuleRecord) -> dict:
+    """The fields output_2 and output_4 share for one one-sided module (``key`` identifies it)."""
+    return {"side": o.side, "module": r.path, "key": r.key, "class": r.cls, "layer": r.layer, "block": r.block,
+            "role": r.role, "index": r.index, "expected": o.expected, "reason": o.reason,
+            "activation_like": o.activation_like, "before_pair": o.before_pair, "after_pair": o.after_pair,
+            "pass_through": o.pass_through}
+
+
 def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleRecord]) -> tuple[dict, list]:
     """Mapping plan: pairs, one-sided modules, planned comparisons and the required summary."""
     recs = {"train": train, "rollout": rollout}
@@ -105,19 +113,15 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
               "rollout_modules": [rollout[i].path for i in p.rollout],
               "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
               "aligned_by": p.aligned_by, "note": p.note, "points": p.points} for p in plan.pairs]
-    one_sided = []
-    for o in plan.one_sided:
-        r = recs[o.side][o.rec]
-        one_sided.append({"side": o.side, "module": r.path, "key": r.key, "class": r.cls, "layer": r.layer,
-                          "block": r.block, "role": r.role, "index": r.index, "expected": o.expected,
-                          "reason": o.reason, "activation_like": o.activation_like,
-                          "before_pair": o.before_pair, "after_pair": o.after_pair, "pass_through": o.pass_through,
-                          "points": {io: [p.point for p in r.ports if p.io == io] for io in ("in", "out", "param")}})
+    one_sided = [{**_one_sided_record(o, recs[o.side][o.rec]),
+                  "points": {io: [p.point for p in recs[o.side][o.rec].ports if p.io == io]
+                             for io in ("in", "out", "param")}} for o in plan.one_sided]
     comps = [{"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
               "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
               "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf} for x in c.rollout],
               "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair,
-              "stitched": c.stitched}
+              "stitched": c.stitched,
+              "heads": [{"what": what, "side": s, "key": recs[s][x.rec].key, "leaf": x.leaf} for what, s, x in c.heads]}
              for c in plan.comparisons]
     doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided, "comparisons": comps,
            "unmatched_points": plan.unmatched_points}
@@ -189,10 +193,7 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
         pts = {io: [{"point": p.point, "cid": by_point[p.point].cid if p.point in by_point else None,
                      "status": by_point[p.point].status if p.point in by_point else "not_compared"}
                     for p in r.ports if p.io == io] for io in ("in", "out", "param")}
-        one_sided.append({"side": o.side, "module": r.path, "class": r.cls, "layer": r.layer, "index": r.index,
-                          "expected": o.expected, "activation_like": o.activation_like,
-                          "before_pair": o.before_pair, "after_pair": o.after_pair,
-                          "pass_through": o.pass_through, "points": pts})
+        one_sided.append({**_one_sided_record(o, r), "points": pts})
     doc = {"partial": partial, "comparability": comparability, "first_divergence": first,
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},

@@ -14,7 +14,8 @@ SKILL_ROOT = Path(__file__).resolve().parents[2]
 # checks that these declarations match run_compare.py's and that each one is passed through.
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
                        "rollout_family", "format", "naming", "tolerances", "jobs", "model", "train_model",
-                       "rollout_model", "train_config", "rollout_config", "reference_taken_as", "token_ids")
+                       "rollout_model", "train_config", "rollout_config", "reference_taken_as", "token_ids",
+                       "plan")
 PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls", "reference_forward")
 # Flags with a --no- form whose default (None) leaves the choice to the compare step.
 _SWITCHES = ("reference_forward",)
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="hold both sides against a numpy forward of the checkpoint (default: on with --model for a "
                          "supported family), passed to the compare step")
     ap.add_argument("--token-ids", help="the token ids the engines ran (JSON list or file), passed to the compare step")
+    ap.add_argument("--plan", help="an output_2_mapping.json of an earlier run whose mapping plan the compare step "
+                    "executes instead of mapping again, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=_positive_int, help="processes reading the dumps, passed to the compare step")

@@ -52,21 +52,30 @@ class Evidence:
     modules: list[dict] = field(default_factory=list)
     pos: dict[str, int] = field(default_factory=dict)          # pair id -> position in train order
     results: dict[str, dict] = field(default_factory=dict)     # cid -> output_3 result
-    one_sided: list[dict] = field(default_factory=list)        # output_2 one-sided (with reasons)
+    one_sided: dict[tuple[str, str], dict] = field(default_factory=dict)   # (side, key) -> output_4 one-sided
     sources: dict = field(default_factory=dict)                # output_1 sources: what each side read
 
     @property
     def mode(self) -> str:
         return self.compare.get("mode", "statistics")
 
+    def pair(self, pid: str | None) -> dict | None:
+        """The output_4 record of pair ``pid`` (None for None)."""
+        return None if pid is None else self.modules[self.pos[pid]]
+
+    def one_sided_of(self, refs: list[dict]) -> list[dict]:
+        """The output_4 one-sided records that ``{side, key}`` references name."""
+        return [self.one_sided[(r["side"], r["key"])] for r in refs]
+
 
 # Keys the triage reads from each record (output_schemas.md of the sibling skill).
 _MODULE_KEYS = {"pid", "kind", "train_modules", "rollout_modules", "layer", "block", "role", "train_order",
                 "input_status", "input_status_source", "parameter_status", "output_status", "amplification",
-                "dtype_boundary", "status", "module_priority_rank", "rank_reason", "is_container", "points", "note"}
+                "dtype_boundary", "status", "module_priority_rank", "rank_reason", "is_container", "points", "note",
+                "previous_aligned", "containers", "one_sided_between"}
 _RESULT_KEYS = {"cid", "point", "status", "error", "train", "rollout", "dtype_differs", "pair"}
-_ONE_SIDED_KEYS = {"side", "module", "class", "layer", "role", "index", "expected", "reason", "activation_like",
-                   "before_pair", "after_pair"}
+_ONE_SIDED_KEYS = {"side", "module", "key", "class", "index", "expected", "reason", "activation_like",
+                   "pass_through", "points"}
 
 
 def _check(path: Path, records, keys: set, what: str) -> None:
@@ -84,9 +93,9 @@ def load(out_dir: Path) -> Evidence:
     paths = [out_dir / n for n in ("output_2_mapping.json", "output_3_value_compare.json",
                                    "output_4_module_analysis.json")]
     ev = Evidence(*(_read(p) for p in paths))
-    _check(paths[0], ev.mapping.get("one_sided"), _ONE_SIDED_KEYS, "one_sided")
     _check(paths[1], ev.compare.get("results"), _RESULT_KEYS, "results")
     _check(paths[2], ev.analysis.get("modules"), _MODULE_KEYS, "modules")
+    _check(paths[2], ev.analysis.get("one_sided"), _ONE_SIDED_KEYS, "one_sided")
     for i, m in enumerate(ev.analysis["modules"]):
         if not isinstance(m["points"], dict) or not {"in", "param", "out"} <= set(m["points"]):
             raise EvidenceError(f"{paths[2]}: modules[{i}].points needs in, param and out lists")
@@ -94,9 +103,21 @@ def load(out_dir: Path) -> Evidence:
     ev.modules = ev.analysis.get("modules", [])
     ev.pos = {m["pid"]: i for i, m in enumerate(ev.modules)}
     ev.results = {r["cid"]: r for r in ev.compare.get("results", [])}
-    status_by_key = {(o["side"], o["module"], o["index"]): o for o in ev.analysis.get("one_sided", [])}
-    for o in ev.mapping.get("one_sided", []):
-        merged = dict(o)
-        merged["point_status"] = status_by_key.get((o["side"], o["module"], o["index"]), {}).get("points", {})
-        ev.one_sided.append(merged)
+    ev.one_sided = {(o["side"], o["key"]): o for o in ev.analysis["one_sided"]}
+    _check_references(paths[2], ev)
     return ev
+
+
+def _check_references(path: Path, ev: Evidence) -> None:
+    """Every pair id and one-sided key a verdict names is a record of the same file."""
+    for i, m in enumerate(ev.modules):
+        observed = list((m.get("observed_downstream") or {}).values())
+        refs = [*m["one_sided_between"], *(r for obs in observed for r in obs.get("one_sided_between", []))]
+        pids = [m["previous_aligned"], *m["containers"]]
+        bad = [p for p in pids if p is not None and p not in ev.pos]
+        bad += [f"observed_downstream without one_sided_between ({obs.get('module')})"
+                for obs in observed if "one_sided_between" not in obs]
+        bad += [json.dumps(r) for r in refs
+                if not isinstance(r, dict) or (r.get("side"), r.get("key")) not in ev.one_sided]
+        if bad:
+            raise EvidenceError(f"{path}: modules[{i}] has references that do not resolve in this file: {', '.join(map(str, bad))}")

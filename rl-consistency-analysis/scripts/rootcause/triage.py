@@ -41,59 +41,6 @@ def _path_names(paths: list[str]):
     return paths[0] if len(paths) == 1 else list(paths)
 
 
-def previous_aligned(ev: Evidence, m: dict) -> dict | None:
-    """Rule 3: the aligned module just before ``m`` in the same layer (same block preferred)."""
-    i = ev.pos[m["pid"]]
-    same_layer = [x for x in ev.modules[:i] if x["layer"] == m["layer"] and not x["is_container"]
-                  and x["pid"] != m["pid"] and not _contains(m, x)]
-    same_block = [x for x in same_layer if x["block"] == m["block"]]
-    pick = (same_block or same_layer)
-    if pick:
-        return pick[-1]
-    earlier = [x for x in ev.modules[:i] if not x["is_container"]]
-    return earlier[-1] if earlier else None
-
-
-def _contains(outer: dict, inner: dict) -> bool:
-    if len(outer["train_modules"]) != 1:
-        return False
-    prefix = outer["train_modules"][0] + "."
-    return all(t.startswith(prefix) for t in inner["train_modules"])
-
-
-def enclosing_container(ev: Evidence, m: dict) -> dict | None:
-    """The innermost container pair whose train path holds ``m``."""
-    best = None
-    for x in ev.modules:
-        if x["is_container"] and _contains(x, m):
-            if best is None or len(x["train_modules"][0]) > len(best["train_modules"][0]):
-                best = x
-    return best
-
-
-def one_sided_between(ev: Evidence, start: dict | None, end: dict) -> list[dict]:
-    """Rule 3: train-only and rollout-only modules between an aligned boundary and the suspect."""
-    lo = ev.pos[start["pid"]] if start else -1
-    hi = ev.pos[end["pid"]]
-    # A non-container suspect's own children run after it received its inputs: they cannot
-    # explain inputs that already differ.
-    inside = () if end["is_container"] else tuple(x + "." for x in end["train_modules"] + end["rollout_modules"])
-    out = []
-    for o in ev.one_sided:
-        if o["layer"] != end["layer"] or o["role"] in ("wrapper", "model", "root") or o["module"].startswith(inside):
-            continue
-        b = ev.pos.get(o["before_pair"], -1) if o["before_pair"] else -1
-        a = ev.pos.get(o["after_pair"], len(ev.modules)) if o["after_pair"] else len(ev.modules)
-        if b >= lo and a <= hi:
-            out.append(o)
-    return out
-
-
-def _children_span(ev: Evidence, container: dict) -> dict | None:
-    kids = [x for x in ev.modules if x is not container and _contains(container, x)]
-    return min(kids, key=lambda k: ev.pos[k["pid"]]) if kids else None
-
-
 def _results(ev: Evidence, m: dict, io: str) -> list[dict]:
     return [ev.results[p["cid"]] for p in m["points"][io] if p.get("cid") in ev.results]
 
@@ -185,8 +132,7 @@ def _mini(m: dict | None) -> dict | None:
 def _one_sided_view(o: dict) -> dict:
     return {"side": o["side"], "module": o["module"], "class": o["class"], "expected": o["expected"],
             "activation_like": o["activation_like"], "reason": o["reason"],
-            "pass_through": _pass_through_words(o.get("pass_through")),
-            "point_status": o.get("point_status", {})}
+            "pass_through": _pass_through_words(o["pass_through"]), "point_status": o["points"]}
 
 
 class Suspect:
@@ -196,9 +142,10 @@ class Suspect:
         self.ev, self.m = ev, m
         self.rule: str | None = None       # id of the category rule that classified it
 
-    @cached_property
+    @property
     def prev(self) -> dict | None:
-        return previous_aligned(self.ev, self.m)
+        """The aligned boundary before the suspect (output_4 ``previous_aligned``)."""
+        return self.ev.pair(self.m["previous_aligned"])
 
     @cached_property
     def permuted(self) -> bool:
@@ -219,7 +166,7 @@ class Suspect:
 
     @cached_property
     def op_before_observer(self) -> dict | None:
-        return _op_before_observer(self.ev, self.m, self.prev)
+        return _op_before_observer(self.ev, self.m)
 
     @property
     def origin(self) -> bool:
@@ -252,16 +199,9 @@ class Suspect:
         return not any(_scaled_copy(r) for r in diverged)
 
     @cached_property
-    def start(self) -> dict | None:
-        """The aligned boundary the window between starts after."""
-        if self.m["is_container"]:
-            first = _children_span(self.ev, self.m)
-            return previous_aligned(self.ev, first) if first else self.prev
-        return self.prev
-
-    @cached_property
     def between(self) -> list[dict]:
-        return one_sided_between(self.ev, self.start, self.m)
+        """The one-sided modules between the boundary and the suspect (output_4 ``one_sided_between``)."""
+        return self.ev.one_sided_of(self.m["one_sided_between"])
 
     @cached_property
     def op_between(self) -> dict | None:
@@ -289,13 +229,15 @@ class Suspect:
     @property
     def boundary_breaks(self) -> bool:
         """A non-container suspect whose compared inputs differ right after an agreeing output."""
-        m, prev = self.m, self.start
+        m, prev = self.m, self.prev
         return (not m["is_container"] and prev is not None and prev["output_status"] in CLEAN
                 and self.inputs_diverged and m["input_status_source"] == "compared")
 
-    @cached_property
+    @property
     def container(self) -> dict | None:
-        return self.m if self.m["is_container"] else enclosing_container(self.ev, self.m)
+        """The suspect itself when it is a container, else the innermost pair holding it."""
+        held_by = self.m["containers"]
+        return self.m if self.m["is_container"] else self.ev.pair(held_by[0]) if held_by else None
 
     @property
     def fused_realigns(self) -> bool:
@@ -458,7 +400,7 @@ def _decide_op_before_observer(s: Suspect, f: dict, ev_info: dict) -> None:
 
 
 def _window(s: Suspect, ev_info: dict) -> None:
-    ev_info["boundary"] = _mini(s.start)
+    ev_info["boundary"] = _mini(s.prev)
     ev_info["one_sided_between"] = [_one_sided_view(o) for o in s.between]
 
 
@@ -523,7 +465,7 @@ def _common_parent(a: list[str], b: list[str]) -> str | None:
 def _decide_inline_op(s: Suspect, f: dict, ev_info: dict) -> None:
     """Rule 6: an op with no module of its own changes the stream between two aligned modules."""
     _window(s, ev_info)
-    prev, m = s.start, s.m
+    prev, m = s.prev, s.m
     parents = {side: _common_parent(prev[f"{side}_modules"], m[f"{side}_modules"]) for side in ("train", "rollout")}
     where = " / ".join(f"{p} ({side})" for side, p in parents.items() if p) or "the model's forward"
     ev_info["suspect_pair"] = _mini(m)
@@ -558,16 +500,13 @@ def _pick_op(between: list[dict]) -> dict | None:
     return sorted(unexplained, key=lambda o: (not o["activation_like"], o["index"]))[0] if unexplained else None
 
 
-def _op_before_observer(ev: Evidence, m: dict, prev: dict | None) -> dict | None:
-    """An unexpected one-sided module between a suspect and the later module where one side's
-    copy of the suspect's output was read (its output is not dumped by the suspect itself)."""
+def _op_before_observer(ev: Evidence, m: dict) -> dict | None:
+    """An unexpected one-sided module between a suspect's boundary and the later pair where one
+    side's copy of the suspect's output was read (output_4 ``observed_downstream``)."""
     for obs in (m.get("observed_downstream") or {}).values():
-        key = "train_modules" if obs["side"] == "train" else "rollout_modules"
-        end = next((x for x in ev.modules if obs["module"] in x[key]), None)
-        if end is not None:
-            op = _pick_op(one_sided_between(ev, prev, end))
-            if op is not None:
-                return op
+        op = _pick_op(ev.one_sided_of(obs["one_sided_between"]))
+        if op is not None:
+            return op
     return None
 
 
