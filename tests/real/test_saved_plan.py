@@ -38,7 +38,9 @@ def _no_paths(obj):
 
 # A tensor-mode Megatron pair whose fused qkv needs the head geometry the plan carries, and a
 # tensor-parallel HF/vLLM pair whose ranks are merged before the plan is applied.
-@pytest.mark.parametrize("case", ["megatron_tp1_tensor_qkv_plain_order", "llama_tp2_fp32_wrong_shard"])
+# the GPT-NeoX pair maps mostly by values and order (value_align.py): the plan keeps how
+@pytest.mark.parametrize("case", ["megatron_tp1_tensor_qkv_plain_order", "llama_tp2_fp32_wrong_shard",
+                                  "neox_renamed_fp32_stale_fc_out"])
 def test_a_saved_plan_gives_the_same_comparisons(case, tmp_path):
     assert _compare(case, tmp_path / "first") == (0, "")
     plan = tmp_path / "first" / OUT2
@@ -49,6 +51,8 @@ def test_a_saved_plan_gives_the_same_comparisons(case, tmp_path):
     assert _no_paths(again) == _no_paths(first)
     assert _read(tmp_path / "again" / OUT4)["modules"] == _read(tmp_path / "first" / OUT4)["modules"]
     assert any(r["status"] == "mismatch" for r in first["results"])   # the fault is found both times
+    pairs = [_read(tmp_path / d / OUT2)["pairs"] for d in ("first", "again")]
+    assert [p["aligned_by"] for p in pairs[1]] == [p["aligned_by"] for p in pairs[0]]
 
 
 def test_the_plan_is_what_runs(tmp_path):

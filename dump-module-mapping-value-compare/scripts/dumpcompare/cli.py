@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-fold-calls", action="store_true",
                     help="keep every call of a module as its own entry (one output row per call; slower on large dumps)")
     ap.add_argument("--jobs", type=_positive_int, default=None,
-                    help="processes reading the dump files (default: one per core for inputs over 32 MB)")
+                    help="processes reading the dump files (default: one per core for inputs over 32 MB; one when "
+                         "a side has several rank files, which are merged one by one to bound memory)")
     ap.add_argument("--quiet", action="store_true", help="print nothing but errors (no summary, no progress)")
     return ap
 

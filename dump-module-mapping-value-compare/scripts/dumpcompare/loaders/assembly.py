@@ -43,6 +43,11 @@ def assemble_sides(plan: InputPlan, namer: Namer, families: dict, *, fold: bool 
     """
     # Rank-outer order: every step of rank 0, then of rank 1, ... (train, then rollout).
     paths = [st.files[r].path for s in SIDES for r in range(plan.side(s).n_ranks) for st in plan.side(s).steps]
+    if jobs is None and any(plan.side(s).n_ranks > 1 for s in SIDES):
+        # Each loader process holds a file's parse and its own interpreter: with several rank
+        # files merged one by one, one reader keeps memory near the largest rank file (README,
+        # "Scale"); --jobs N trades that memory for reading N files at once.
+        jobs = 1
     stream = load_files(paths, functools.partial(load_input, fold=fold), jobs, progress)
     out = {}
     for s in SIDES:
@@ -76,7 +81,10 @@ def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None) -> Side:
     # before chunk c + 1 of the first); otherwise a unit is a rank.
     units: dict[tuple[int, int], tuple[frozenset, set]] = {}
     merges: dict[frozenset, tuple[RankMerge, str]] = {}
-    for r, dump in enumerate(ranks):
+    # No enumerate(): it keeps its last (index, dump) tuple alive while the next rank is read.
+    r = -1
+    for dump in ranks:
+        r += 1
         for c, part in split_chunks(dump):
             mods = frozenset(f"{c}:{e.raw_path}" for e in part.entries if e.kind == "module")
             units[(c, r)] = (mods, layer_numbers(part))
