@@ -125,7 +125,8 @@ class Namer:
         """Remove wrapper segments anywhere, and DDP/Float16Module ``module.`` at the start.
 
         A leading number is the index in Megatron-LM's list of model chunks (msprobe is started on
-        the list): ``0.module.module.decoder...``. Several chunks (virtual pipeline) are not joined.
+        the list): ``0.module.module.decoder...``. Several chunks (virtual pipeline) were split into
+        stages before naming (loaders/joining.split_chunks), so one index is left at most.
         """
         segs = [s for s in raw.split(".") if s and s not in self.wrap_segments] if raw else []
         if len(segs) > 1 and segs[0].isdigit() and segs[1] in self.lead_segments:
