@@ -264,3 +264,31 @@ def test_a_stale_weight_dumped_as_a_tensor_reproduces_its_side(tmp_path):
     best, *rest = hyp["candidates"]
     assert hyp["reproduced_by"] == [best["candidate"]] == ["the rollout side's own L1.down.weight (differs from the checkpoint)"]
     assert best["residual"] < dep["tolerance"] / 10 and all(not t["reproduces"] for t in rest)
+
+
+def test_the_reference_points_are_held_one_layer_at_a_time():
+    """Judged as each layer is named, then dropped: what stays is the residual stream (the resume
+    point of a simulation), so memory follows one layer's activations, not the model's."""
+    from dumpcompare.checkpoint import load
+    from dumpcompare.naming import Namer, load_profiles
+    from dumpcompare.refforward import point_arrays
+    from dumpcompare import refmodel
+
+    ckpt = load(CORPUS / "_models" / "llama")
+    namer = Namer(load_profiles(None))
+    seen = []
+
+    def on_layer(arrays):
+        seen.append(sorted({k.split(".")[0] for k in arrays if not k.endswith(("resid_in", "resid_out"))
+                            and k.startswith("L")}))
+
+    ids = np.arange(3, 11)
+    run_ = point_arrays(refmodel.forward(ckpt, ckpt.config, ids), namer, on_layer=on_layer)
+    layers = ckpt.config["num_hidden_layers"]
+    assert seen == [[f"L{n}"] for n in range(layers)]
+    kept = {k for k in run_.arrays if k.startswith("L")}
+    assert kept == {f"L{n}.resid_{w}" for n in range(layers) for w in ("in", "out")} & set(run_.order)
+    full = point_arrays(refmodel.forward(ckpt, ckpt.config, ids), namer)
+    assert len(full.order) == len(run_.order) and set(full.arrays) > set(run_.arrays)
+    for k, a in run_.arrays.items():
+        np.testing.assert_array_equal(a, full.arrays[k])

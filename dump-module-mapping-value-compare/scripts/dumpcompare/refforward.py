@@ -42,14 +42,19 @@ class RefRun:
 
 # Points the derived ones are computed from (_derive): kept whatever the plan compares.
 _DERIVE_FROM = ("resid_in", "resid_out", "attn_out", "attn_out_normed", "act_gate", "up")
+# The residual stream between layers: what a forward resumed at a layer starts from.
+_STREAM = ("resid_in", "resid_out")
 
 
-def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | None = None) -> RefRun:
+def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | None = None,
+                 on_layer=None) -> RefRun:
     """Name the reference's HF module outputs as the mapping plan's points (``base``: points
     already known, such as the stream a resumed forward starts from; ``keep``: the points to hold,
     all when None). Outputs are named one layer at a time (a layer's later modules decide the
     names of its earlier ones, Gemma's post-attention norm), so memory holds one layer's outputs
-    plus the kept points."""
+    plus the kept points. ``on_layer(arrays)`` is called once each layer's points are named; the
+    layer's points but the residual stream are dropped after it, so a caller judging them there
+    holds one layer's activations, not the model's."""
     arrays, order = dict(base or {}), {k: i for i, k in enumerate(base or {})}
     wanted = None if keep is None else {p for k in keep for p in k.split("+")} | set(keep)
 
@@ -65,6 +70,14 @@ def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | No
                 if port.leaf == "output.0" and (wanted is None or port.point in wanted
                                                 or port.point.split(".")[-1] in _DERIVE_FROM):
                     _put(arrays, order, port.point, arr)
+        layer = next((lay for _p, _a, lay, _l, _r in group), None)
+        if layer is None:
+            return
+        _derive(arrays, order, layer)
+        if on_layer is not None:
+            on_layer(arrays)
+            for k in [k for k in arrays if _layer(k) == layer and k.split(".")[-1] not in _STREAM]:
+                del arrays[k]
 
     group, current = [], object()
     for o in outputs:
@@ -75,8 +88,6 @@ def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | No
             group, current = [], layer
         group.append((path, np.asarray(o.array, dtype=np.float32), layer, local, rule))
     flush(group)
-    layers = [int(k.split(".")[0][1:]) for k in arrays if k.startswith("L") and k.split(".")[0][1:].isdigit()]
-    _derive(arrays, order, max(layers) if layers else None)
     return RefRun(arrays, order)
 
 
@@ -86,17 +97,17 @@ def _put(arrays: dict, order: dict, point: str, arr: np.ndarray) -> None:
         order[point] = len(order)
 
 
-def _derive(arrays: dict, order: dict, last: int | None) -> None:
-    """Points that are plain sums or products of others (HF computes them inline, no module)."""
-    for n in range(0 if last is None else last + 1):
-        L = f"L{n}"
-        stream = arrays.get("L0.resid_in" if n == 0 else f"L{n - 1}.resid_out")
-        attn = arrays.get(f"{L}.attn_out_normed", arrays.get(f"{L}.attn_out"))
-        if stream is not None and attn is not None and stream.shape == attn.shape:
-            _put(arrays, order, f"{L}.resid_mid", stream + attn)
-        gate, up = arrays.get(f"{L}.act_gate"), arrays.get(f"{L}.up")
-        if gate is not None and up is not None and gate.shape == up.shape:
-            _put(arrays, order, f"{L}.act_out", gate * up)
+def _derive(arrays: dict, order: dict, n: int) -> None:
+    """Layer ``n``'s points that are plain sums or products of others (HF computes them inline,
+    no module)."""
+    L = f"L{n}"
+    stream = arrays.get("L0.resid_in" if n == 0 else f"L{n - 1}.resid_out")
+    attn = arrays.get(f"{L}.attn_out_normed", arrays.get(f"{L}.attn_out"))
+    if stream is not None and attn is not None and stream.shape == attn.shape:
+        _put(arrays, order, f"{L}.resid_mid", stream + attn)
+    gate, up = arrays.get(f"{L}.act_gate"), arrays.get(f"{L}.up")
+    if gate is not None and up is not None and gate.shape == up.shape:
+        _put(arrays, order, f"{L}.act_out", gate * up)
 
 
 def _leaf_calls(leaf: Leaf) -> list[Stats]:
@@ -216,7 +227,7 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         doc["reason"] = f"model_type {ref.config.get('model_type')!r} is not a family the reference forward supports"
         doc["verdict"] = verdict(doc)
         return doc
-    runs, judged, found = {}, {}, {}
+    judged, found = {}, {}
     needed = {p.point for p in plans if p.axis == "features"}
     for s in SIDES:
         r = refs.get(s)
@@ -229,6 +240,8 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         found[s] = (carriers, embedding, dtype, recover(carriers, views[s], embedding, given, use_tensors,
                                                         tolerances["statistics"].get(dtype, tolerances["statistics"]["default"])))
     _share(found)
+    todo: dict[tuple, list[str]] = {}     # one forward per (checkpoint, tokens, precision), shared by the sides
+    ends: dict[str, list[int] | None] = {}
     for s, (carriers, embedding, dtype, toks) in found.items():
         r = refs[s]
         doc["tokens"][s] = toks.to_json()
@@ -236,34 +249,48 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
             doc["sides"][s] = {"ran": False, "reason": f"token ids not recovered: {toks.detail}"}
             continue
         fdt = FORWARD_DTYPE.get(dtype, "fp32")
-        ids = np.asarray(toks.ids, dtype=np.int64)
         rows = embedding.shape[0] if embedding is not None else None
-        if rows is not None and int(ids.max()) >= rows:
-            doc["sides"][s] = {"ran": False, "reason": f"token id {int(ids.max())} is beyond the checkpoint's "
+        if rows is not None and max(toks.ids) >= rows:
+            doc["sides"][s] = {"ran": False, "reason": f"token id {max(toks.ids)} is beyond the checkpoint's "
                                                        f"{rows} embedding rows (another checkpoint or tokenizer)"}
             continue
-        key = (id(r), tuple(toks.ids), fdt)
-        if key not in runs:
-            try:
-                runs[key] = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer, keep=needed)
-                head = runs[key].arrays.get("M.logits")
-                if head is not None:
-                    # What an engine's logits processor returns: the head's output after Gemma 2's
-                    # final softcapping (the vllm profile's M.logits_out).
-                    _put(runs[key].arrays, runs[key].order, "M.logits_out", refmodel.final_logits(r.config, head, fdt))
-            except (refmodel.UnsupportedModel, ValueError) as exc:
+        ends[s] = [int(e) for e in np.cumsum([c["tokens"] for c in toks.calls])] \
+            if all(c.get("tokens") for c in toks.calls) else None
+        todo.setdefault((id(r), tuple(toks.ids), fdt), []).append(s)
+    for (_r, ids, fdt), sides in todo.items():
+        r, ids = refs[sides[0]], np.asarray(ids, dtype=np.int64)
+        for s in sides:
+            judged[s] = {}
+
+        def judge(arrays: dict, sides=sides) -> None:
+            # Each layer's points are judged as soon as they are named, then dropped (point_arrays).
+            now = RefRun(arrays, {})
+            for s in sides:
+                left = [p for p in plans if p.cid not in judged[s]]
+                judged[s].update(compare_side(now, left, s, views[s], tolerances, use_tensors, ends[s]))
+        try:
+            run_ = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer, keep=needed,
+                                on_layer=judge)
+        except (refmodel.UnsupportedModel, ValueError) as exc:
+            for s in sides:
+                del judged[s]
                 doc["sides"][s] = {"ran": False, "reason": f"the reference forward cannot run this model: {exc}"}
-                continue
-        ends = [int(e) for e in np.cumsum([c["tokens"] for c in toks.calls])] if all(c.get("tokens") for c in toks.calls) else None
-        judged[s] = compare_side(runs[key], plans, s, views[s], tolerances, use_tensors, ends)
-        dep = departure(plans, judged[s], runs[key])
-        agree = sum(j["matches_reference"] is True for j in judged[s].values())
-        doc["sides"][s] = {"ran": True, "forward_dtype": fdt, "points": len(judged[s]), "matching": agree,
-                           "departure": dep, "matches_everywhere": dep is None and bool(judged[s])}
-        if dep is not None:
-            own = own_weights(results, plans, s, views[s], dep["layer"], r.checkpoint) if use_tensors else []
-            doc["hypotheses"].append(hypotheses(refmodel, r, runs[key], ids, fdt, dep, plans, s, views[s],
-                                                judged[s], tolerances, use_tensors, namer, ends, own))
+            continue
+        head = run_.arrays.get("M.logits")
+        if head is not None:
+            # What an engine's logits processor returns: the head's output after Gemma 2's final
+            # softcapping (the vllm profile's M.logits_out).
+            _put(run_.arrays, run_.order, "M.logits_out", refmodel.final_logits(r.config, head, fdt))
+        judge(run_.arrays)               # the points outside the layers (embedding, final norm, logits)
+        for s in sides:
+            dep = departure(plans, judged[s], run_)
+            agree = sum(j["matches_reference"] is True for j in judged[s].values())
+            doc["sides"][s] = {"ran": True, "forward_dtype": fdt, "points": len(judged[s]), "matching": agree,
+                               "departure": dep, "matches_everywhere": dep is None and bool(judged[s])}
+            if dep is not None:
+                own = own_weights(results, plans, s, views[s], dep["layer"], r.checkpoint) if use_tensors else []
+                doc["hypotheses"].append(hypotheses(refmodel, r, run_, ids, fdt, dep, plans, s, views[s],
+                                                    judged[s], tolerances, use_tensors, namer, ends[s], own))
     doc["ran"] = bool(judged)
     if not judged:
         doc["reason"] = "; ".join(f"{s}: {v['reason']}" for s, v in doc["sides"].items()) or "no side to run"

@@ -153,4 +153,7 @@ def _simulate(refmodel, ref, run: RefRun, ids, dtype: str, layer: int | None, we
         outs.append(out)
     # Points before the resumed layer come from the reference run (the stream the layer starts from).
     before = {k: v for k, v in run.arrays.items() if start and _layer_of(k) is not None and _layer_of(k) < start}
-    return point_arrays(outs, namer, before, {p.point for p in plans})
+    # A candidate judged outside the layers (the logits) runs them all: their points are dropped
+    # layer by layer, as in the reference run itself.
+    return point_arrays(outs, namer, before, {p.point for p in plans},
+                        on_layer=(lambda _arrays: None) if layer is None else None)
