@@ -51,7 +51,8 @@ def norm(kind: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: flo
     return y + b if b is not None else y
 
 
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
+def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
+    """Relative L2 error of a replay against the dumped output (absolute when the output is 0)."""
     if a.shape != ref.shape:
         raise ValueError(f"replay shape {a.shape} is not the output's {ref.shape}")
     den = float(np.linalg.norm(ref))
@@ -87,8 +88,9 @@ def _op(rec) -> str | None:
     return None
 
 
-class _Fit:
-    """Residual of each candidate value; which ones reproduce the dumped output."""
+class Fit:
+    """Residual of each candidate value; which ones reproduce the dumped output (shared by the
+    module, routing and attention replays)."""
 
     def __init__(self, key: str, reference, tol: float):
         self.key, self.reference, self.tol, self.res = key, reference, tol, {}
@@ -174,10 +176,10 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         b = get("parameters.bias")
         kind = _norm_kind(rec.cls)
         key, ref = _config_eps(config, kind)
-        fit = _Fit(key, ref, tol)
+        fit = Fit(key, ref, tol)
         for eps in sorted(set(EPS_GRID) | ({ref} if ref is not None else set())):
             z = to_dtype(norm(kind, x, w.astype(np.float64), None if b is None else b.astype(np.float64), eps), dtype)
-            fit.add(eps, _rel(z.astype(np.float64), y))
+            fit.add(eps, rel_error(z.astype(np.float64), y))
         detail = {"norm": kind}
     elif op == "act":
         x = get("input_args.0")
@@ -187,24 +189,24 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         gated = rec.cls in ("SiluAndMul", "GeluAndMul") or x.shape[-1] == 2 * y.shape[-1]
         key = "hidden_activation" if "hidden_activation" in config else "hidden_act"
         ref = ACT_NAMES.get(str(config.get(key))) if key in config else None
-        fit = _Fit(key, ref, tol)
+        fit = Fit(key, ref, tol)
         for name in ACTS:
             if gated:
                 h = x.shape[-1] // 2
                 z = activation(name, x[:, :h]) * x[:, h:]
             else:
                 z = activation(name, x)
-            fit.add(name, _rel(to_dtype(z, dtype).astype(np.float64), y))
+            fit.add(name, rel_error(to_dtype(z, dtype).astype(np.float64), y))
         detail = {"gated": gated}
     elif op == "linear":
         x, w = get("input_args.0"), get("parameters.weight")
         if x is None or w is None or leaves["parameters.weight"].merge:
             return None
         x, b = _rows(x), get("parameters.bias")
-        fit = _Fit("bias", b is not None, tol)
-        fit.add(False, _rel(to_dtype(x @ w.astype(np.float64).T, dtype).astype(np.float64), y))
+        fit = Fit("bias", b is not None, tol)
+        fit.add(False, rel_error(to_dtype(x @ w.astype(np.float64).T, dtype).astype(np.float64), y))
         if b is not None:
-            fit.add(True, _rel(to_dtype(x @ w.astype(np.float64).T + b, dtype).astype(np.float64), y))
+            fit.add(True, rel_error(to_dtype(x @ w.astype(np.float64).T + b, dtype).astype(np.float64), y))
         detail = {}
     elif op == "rope":
         pos, q, k, k_out = get("input_args.0"), get("input_args.1"), get("input_args.2"), get("output.1")
@@ -218,10 +220,10 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
         y = np.concatenate([_rows(out), _rows(k_out)], axis=-1)
         ref = _rope_theta(config)
-        fit = _Fit("rope_theta", ref, tol)
+        fit = Fit("rope_theta", ref, tol)
         for theta in {1e4, 1e5, 5e5, 1e6} | ({ref} if ref else set()):
             # The pairing style is the engine's choice per model, not a config value: the better one.
-            fit.add(theta, min(_rel(to_dtype(_rows(np.concatenate(
+            fit.add(theta, min(rel_error(to_dtype(_rows(np.concatenate(
                 [rope(q, positions, head, rotary, theta, il), rope(k, positions, head, rotary, theta, il)], -1)),
                 dtype).astype(np.float64), y) for il in (False, True)))
         detail = {"head_dim": head, "rotary_dim": rotary}
@@ -232,9 +234,9 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         x = _rows(x)
         logits = x @ head.astype(np.float64)[: y.shape[-1]].T
         ref = float(config.get("final_logit_softcapping") or 0.0)      # 0: no capping
-        fit = _Fit("final_logit_softcapping", ref, tol)
+        fit = Fit("final_logit_softcapping", ref, tol)
         for cap in {0.0, 30.0, 50.0, ref}:
-            fit.add(cap, _rel(to_dtype(softcap(logits, cap), dtype).astype(np.float64), y))
+            fit.add(cap, rel_error(to_dtype(softcap(logits, cap), dtype).astype(np.float64), y))
         detail = {}
     else:  # embedding lookup, scaled (Gemma multiplies by sqrt(hidden))
         ids, w = get("input_args.0"), get("parameters.weight")
@@ -244,9 +246,9 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         hidden = w.shape[-1]
         gemma = str(config.get("model_type", "")).startswith("gemma")
         ref = (round(math.sqrt(hidden), 6) if gemma else 1.0) if config else None
-        fit = _Fit("embedding scale", ref, tol)
+        fit = Fit("embedding scale", ref, tol)
         for scale in {1.0, round(math.sqrt(hidden), 6)} | ({ref} if ref else set()):
-            fit.add(scale, _rel(to_dtype(looked * scale, dtype).astype(np.float64), y))
+            fit.add(scale, rel_error(to_dtype(looked * scale, dtype).astype(np.float64), y))
         detail = {}
     return {"module": rec.path, "class": rec.cls, "role": rec.role, "layer": rec.layer, "op": op, "dtype": dtype,
             **detail, **fit.record()}
@@ -278,6 +280,6 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                 r = None
             if r is not None:
                 out.append({"side": side, **r})
-    # imported here: both build on this module's fits, a top-level import would be circular
+    # imported here: both build on this module's Fit and rel_error, so a top-level import would be circular
     from . import replay_attention, routing
     return out + routing.run(recs, views, refs, tolerances) + replay_attention.run(recs, views, refs, tolerances)

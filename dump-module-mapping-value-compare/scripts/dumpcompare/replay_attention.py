@@ -22,7 +22,7 @@ import numpy as np
 
 from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
-from .replay import MAX_LEAF, _Fit
+from .replay import MAX_LEAF, Fit, rel_error
 
 THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
@@ -136,11 +136,6 @@ def rope_tables(positions: np.ndarray, rotary: int, theta: float, dtype: str) ->
     return (to_dtype(np.cos(ang), dtype).astype(np.float64), to_dtype(np.sin(ang), dtype).astype(np.float64))
 
 
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
-    den = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(a - ref)) / den if den else float(np.linalg.norm(a))
-
-
 def _seq(a: np.ndarray) -> np.ndarray:
     """[tokens, features] float64 of the first sequence ([B, T, F] batch first, or [T, F])."""
     a = np.asarray(a, dtype=np.float64)
@@ -202,12 +197,12 @@ class _Evaluator:
             q, k = self._rotated(values.get("rope_theta"))
             out = attend(q, k, self.p.v, self.p.head_dim, values[SCALE], values.get("attn_logit_softcapping", 0.0),
                          values.get("sliding_window", 0), self.p.kv_offset)
-            self.memo[key] = _rel(to_dtype(out, self.p.dtype).astype(np.float64), self.p.target)
+            self.memo[key] = rel_error(to_dtype(out, self.p.dtype).astype(np.float64), self.p.target)
         return self.memo[key]
 
 
 def fit(p: Problem, config: dict, layer: int | None, tol: float, with_theta: bool) -> list[dict]:
-    """One ``_Fit`` record per key: each key's candidates tried with the other keys at their best
+    """One ``Fit`` record per key: each key's candidates tried with the other keys at their best
     value (a coordinate search from the reference values; one wrong value is found in the first
     round, a second round settles two)."""
     heads = p.q.shape[1] // p.head_dim
@@ -230,7 +225,7 @@ def fit(p: Problem, config: dict, layer: int | None, tol: float, with_theta: boo
     for _ in range(MAX_ROUNDS):
         before = dict(current)
         for key, (ref, cands) in grid.items():
-            f = _Fit(key, ref, tol)
+            f = Fit(key, ref, tol)
             for c in cands:
                 f.add(c, ev({**current, key: c}))
             current[key] = f.record()["fitted"]["value"]
@@ -239,7 +234,7 @@ def fit(p: Problem, config: dict, layer: int | None, tol: float, with_theta: boo
             break
     out = []
     for key, f in fits.items():
-        f = _Fit(key, grid[key][0], tol)                      # against the final values of the others
+        f = Fit(key, grid[key][0], tol)                      # against the final values of the others
         for c in grid[key][1]:
             f.add(c, ev({**current, key: c}))
         rec = {**f.record(), "values": dict(current), "residuals": [[c, r] for c, r in f.res.items()],

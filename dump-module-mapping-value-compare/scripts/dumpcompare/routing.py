@@ -17,7 +17,7 @@ import numpy as np
 
 from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
-from .replay import ACT_NAMES, MAX_LEAF, _Fit, _rel, activation
+from .replay import ACT_NAMES, MAX_LEAF, Fit, rel_error, activation
 
 SCORINGS = ("softmax", "sigmoid")
 # Unit roundoff per dtype: two logits closer than a few of these (relative to their size) are a
@@ -110,7 +110,7 @@ def _hf_router(rec, leaves, view, bias):
 
     def residual(cfg):
         i, ww = route(logits, cfg, bias)
-        return _rel(to_dtype(_dense(i, ww, logits.shape[1]), dtype).astype(np.float64), seen)
+        return rel_error(to_dtype(_dense(i, ww, logits.shape[1]), dtype).astype(np.float64), seen)
     side = _Side(rec, None, logits, dtype_key(leaves["output.0"].dtype), residual)
     side.observed = (idx, w)
     return side
@@ -145,7 +145,7 @@ def _fused_experts(rec, leaves, view, act, bias):
         for e in np.unique(idx):
             rows, slot = np.nonzero(idx == e)
             z[rows] += expert_out(int(e), rows) * w[rows, slot, None]
-        return _rel(to_dtype(z, dtype).astype(np.float64), y)
+        return rel_error(to_dtype(z, dtype).astype(np.float64), y)
     return _Side(None, rec, logits, dtype_key(leaves["input_kwargs.router_logits"].dtype), residual)
 
 
@@ -157,7 +157,7 @@ def _fit_records(side: _Side, base: dict, reference: dict | None, tol: float) ->
         best = (reference["scoring_func"], reference["norm_topk_prob"])   # the reference's when it fits
     out = []
     for pos, key in enumerate(("scoring_func", "norm_topk_prob")):
-        fit = _Fit(key, None if reference is None else reference[key], tol)
+        fit = Fit(key, None if reference is None else reference[key], tol)
         for c, r in res.items():
             if all(c[i] == best[i] for i in range(2) if i != pos):     # the other key held at its fit
                 fit.add(c[pos], r)
@@ -188,7 +188,7 @@ def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype:
             wt.append(train[1][t][np.argsort(train[0][t])])
             wr.append(rollout[1][t][np.argsort(rollout[0][t])])
             continue
-        if _rel(lr[t], lt[t]) > tol:
+        if rel_error(lr[t], lt[t]) > tol:
             from_logits += 1
             continue
         margin = float(np.max(np.abs(lt[t] - lr[t]))) + 4 * ROUNDOFF.get(dtype, 2.0 ** -8) * float(
@@ -197,7 +197,7 @@ def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype:
             flips += 1
         else:
             systematic += 1
-    werr = _rel(np.concatenate(wr), np.concatenate(wt)) if wt else None
+    werr = rel_error(np.concatenate(wr), np.concatenate(wt)) if wt else None
     if systematic or (werr is not None and werr > tol):
         verdict = "systematic"
     else:
