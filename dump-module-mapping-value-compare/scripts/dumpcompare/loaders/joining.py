@@ -78,6 +78,10 @@ def split_chunks(d: Dump) -> list[tuple[int, Dump]]:
             path = e.raw_path[len(prefix):]
             e = replace(e, raw_path=path, key=e.key.replace(f".{prefix}", ".", 1))
         parts.setdefault(current if current is not None else min(map(int, chunks)), []).append(e)
+    # Model chunks each run decoder layers; numbered children that do not (the items of an
+    # nn.Sequential given to msprobe) are one model, not chunks.
+    if any(not any(_LAYER_RE.search(e.raw_path) for e in es) for es in parts.values()):
+        return [(0, d)]
     return [(c, replace(d, entries=[replace(e, order=i) for i, e in enumerate(es)])) for c, es in sorted(parts.items())]
 
 
