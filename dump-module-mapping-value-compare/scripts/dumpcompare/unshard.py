@@ -58,10 +58,18 @@ class RuleFacts:
                 self.diff.update(i for i, (x, y) in enumerate(zip(lf.shape, first.shape)) if x != y)
                 self.shape = [a + b for a, b in zip(self.shape, lf.shape)]
 
-    def rule(self, rec: ModuleRecord, leaf: str, rules: dict) -> str:
-        """How the ranks' copies combine: replicated, concat:<dim> or sum.
+    def rule(self, rec: ModuleRecord, leaf: str, rules: dict, experts: int | None = None) -> str:
+        """How the ranks' copies combine: replicated, concat:<dim>, sum or expert_parallel.
 
-        User overrides first, then what the dump declares (``shard_hint``), then guesses."""
+        ``experts`` is the number of experts of the MoE block holding the module (its router's
+        output width), None outside one. Expert parallelism read from the shapes first, then
+        overrides, then what the dump declares (``shard_hint``), then guesses."""
+        if (experts and leaf.startswith("parameters.") and not self.same and self.shape
+                and self.diff is not None and self.diff <= {0} and self.shape[0] == experts):
+            # Each rank holds whole experts and together they hold each once: the leading dims add
+            # up to the router's width, which no tensor-parallel split of [E, ...] can do
+            # (references/tensor_parallel.md, "Expert parallelism").
+            return "expert_parallel"
         for o in rules.get("overrides", []) or []:
             if re.search(o["module"], rec.path) and re.search(o.get("leaf", "."), leaf):
                 return o["rule"]
@@ -131,10 +139,14 @@ class _LeafMerge:
             np.hypot(acc[:, 3], r[:, 3], out=acc[:, 3])
         self.rows = acc
 
-    def leaf(self, rec: ModuleRecord, rules: dict) -> tuple[Leaf, str]:
-        """The merged leaf and the rule that merged it."""
+    def leaf(self, rec: ModuleRecord, rules: dict, experts: int | None = None) -> tuple[Leaf, str]:
+        """The merged leaf and the rule that merged it (``experts``: see :meth:`RuleFacts.rule`)."""
         first, facts = self.facts.first, self.facts
-        rule = facts.rule(rec, first.name, rules)
+        rule = facts.rule(rec, first.name, rules, experts)
+        ep = rule == "expert_parallel"
+        if ep:
+            # Experts in rank order: contiguous placement (rank r holds the r-th block of experts).
+            rule = "concat:0"
         files = tuple(self.files) if self.files is not None else None
         if rule == "replicated":
             return replace(first, merge=rule), rule
@@ -159,7 +171,24 @@ class _LeafMerge:
         # A digest is of one rank's shard, never of the concatenation.
         return replace(first, shape=tuple(shape) if shape is not None else None, max=stats[0], min=stats[1],
                        mean=stats[2], norm=stats[3], per_call=rows if len(rows) > 1 else None,
-                       merge=f"concat:{dim}", shards=files, checksum=None), f"concat:{dim}"
+                       merge=f"concat:{dim}", shards=files, checksum=None), "expert_parallel" if ep else f"concat:{dim}"
+
+
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def _experts_by_block(entries, recs: list[ModuleRecord]) -> dict[str, int]:
+    """The number of experts of each MoE block, by the block's path: the width of its router's
+    logits, which every rank computes whole (the router is replicated under TP and EP alike)."""
+    out: dict[str, int] = {}
+    for e, rec in zip(entries, recs):
+        if rec.role != "router" or e.direction != FORWARD:
+            continue
+        logits = next((lf for lf in e.leaves if lf.name in ("output", "output.0")), None)
+        if logits is not None and logits.shape and len(logits.shape) >= 2:
+            out.setdefault(_parent(rec.path), logits.shape[-1])
+    return out
 
 
 def _file_of(lf: Leaf, d: Dump) -> tuple:
@@ -217,6 +246,7 @@ class RankMerge:
             return base
         counts: dict[str, int] = {}
         entries = []
+        experts = _experts_by_block(base.entries, self.recs)
         for e, rec, acc in zip(base.entries, self.recs, self.acc):
             if acc is None:
                 entries.append(e)
@@ -226,7 +256,7 @@ class RankMerge:
                 if m is None:
                     leaves.append(lf)
                     continue
-                merged, rule = m.leaf(rec, self.rules)
+                merged, rule = m.leaf(rec, self.rules, experts.get(_parent(rec.path)))
                 leaves.append(merged)
                 kind = rule.split(":")[0]
                 counts[kind] = counts.get(kind, 0) + 1
@@ -237,6 +267,8 @@ class RankMerge:
                          "whose calls some rank kept apart was merged across ranks")
         notes.append(f"merged {self.n} tensor-parallel ranks: "
                      + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                     + ("; expert_parallel: stacked experts concatenated on dim 0 in rank order"
+                        if "expert_parallel" in counts else "")
                      + (f"; {self.missing} entries missing on some rank kept from rank 0" if self.missing else ""))
         return replace(base, entries=entries, notes=notes, salvage=self.salvage)
 
