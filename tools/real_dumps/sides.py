@@ -9,7 +9,8 @@ Public API (each function is a ``msprobe_run.run_ranks`` target):
         last, which no engine forward consumed) as one msprobe step; outputs to
         ``scratch/train.pt``.  With ``case.train_layout`` fsdp1/fsdp2 it runs on 2 ranks (FSDP over
         gloo); rank 0 trains on the rollout's sequence, rank 1 on another one (data parallel)
-    stale(state, name, seed) -> state  a copy of an HF state dict whose ``name`` holds the weight of
+    stale(state, name, seed, expert) -> state  a copy of an HF state dict whose ``name`` (or its stacked
+                                       expert ``expert`` alone) holds the weight of
         an older step (the current one minus a seeded update of half its std)
 
 Faults: stale_weight on either side; on the rollout also wrong_shard, norm_eps, act_swap, extra_op,
@@ -51,10 +52,15 @@ class Capture:
         return self.out
 
 
-def stale(state, name, seed=5):
+def stale(state, name, seed=5, expert=None):
+    """``state`` with ``name`` moved by a seeded update (only stacked expert ``expert`` when given)."""
     w = state[name]
     gen = torch.Generator().manual_seed(seed)
     update = 0.5 * w.float().std() * torch.randn(w.shape, generator=gen)
+    if expert is not None:
+        keep = torch.ones(w.shape[0], dtype=torch.bool)
+        keep[expert] = False
+        update[keep] = 0
     return {**state, name: (w.float() - update).to(w.dtype)}
 
 
@@ -81,7 +87,7 @@ def _rollout_model(case, fault, state):
         module = model.get_submodule(fault["target"])
         module.wrong_shard = (fault["shard_id"], fault["from_rank"], fault["rank"])
     if kind == "stale_weight":
-        state = stale(state, fault["param"])
+        state = stale(state, fault["param"], expert=fault.get("expert"))
     model.load_weights(state)
     return model
 

@@ -10,7 +10,8 @@ Public API:
     build(hf_config, dtype=torch.float32, family="llama", **options) -> LlamaForCausalLM (or the
         family's subclass) for this process's TP rank; options: rms_kernel ("native"|"fused"),
         lm_head_dtype, act_override, extra_act_layer, norm_eps (override the config's eps),
-        renormalize (override the config's norm_topk_prob in FusedMoE).
+        renormalize (override the config's norm_topk_prob in FusedMoE), expert_parallel (FusedMoE
+        holds whole experts per rank, vLLM's --enable-expert-parallel).
     model.load_weights(hf_state_dict)          fuse q/k/v and gate/up, slice this rank's shard,
                                                pad the vocabulary (as vLLM's load_weights does)
     model(input_ids, positions) -> hidden      one engine forward (1-D token ids and positions)
@@ -695,18 +696,36 @@ class FusedMoE(nn.Module):
     in ``w13_weight`` [E, 2*I/tp, H] and down in ``w2_weight`` [E, H, I/tp] (TP splits the
     intermediate dim of every expert); softmax top-k routing in fp32, renormalised when asked.
     With ``reduce_results=False`` (as Qwen3-MoE builds it) the output is this rank's partial sum and
-    the block all-reduces it afterwards."""
+    the block all-reduces it afterwards.
+
+    ``expert_parallel`` (``--enable-expert-parallel``): the MoE's own TP size becomes 1 and each
+    rank holds whole experts instead, ``w13_weight`` [E_local, 2*I, H]; ``determine_expert_map``'s
+    linear placement gives rank r a contiguous block (the first E % ranks ranks one more) and
+    ``expert_map`` maps a global expert to its local index, -1 when another rank holds it. Every
+    rank routes all its tokens and computes only its own experts, so the output is still a partial
+    sum, completed by the same all-reduce."""
 
     def __init__(self, num_experts, top_k, hidden_size, intermediate_size, reduce_results, renormalize,
-                 dtype=torch.float32):
+                 dtype=torch.float32, expert_parallel=False):
         super().__init__()
         self.top_k, self.renormalize, self.reduce_results = top_k, renormalize, reduce_results
-        self.inter = intermediate_size // dist.world()
-        self.w13_weight = _param((num_experts, 2 * self.inter, hidden_size), dtype, self.weight_loader)
-        self.w2_weight = _param((num_experts, hidden_size, self.inter), dtype, self.weight_loader)
+        self.expert_parallel = expert_parallel
+        if expert_parallel:
+            self.inter = intermediate_size
+            base, extra = divmod(num_experts, dist.world())
+            local = base + (dist.rank() < extra)
+            self.first_expert = dist.rank() * base + min(dist.rank(), extra)
+            self.expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
+            self.expert_map[self.first_expert:self.first_expert + local] = torch.arange(local, dtype=torch.int32)
+        else:
+            self.inter, local, self.expert_map = intermediate_size // dist.world(), num_experts, None
+        self.w13_weight = _param((local, 2 * self.inter, hidden_size), dtype, self.weight_loader)
+        self.w2_weight = _param((local, hidden_size, self.inter), dtype, self.weight_loader)
 
     def weight_loader(self, param, loaded, shard_id=None):
-        if param is self.w13_weight:  # loaded: [E, 2*I, H] = gate rows then up rows
+        if self.expert_parallel:  # this rank's whole experts
+            param.data.copy_(loaded.narrow(0, self.first_expert, param.shape[0]).to(param.dtype))
+        elif param is self.w13_weight:  # loaded: [E, 2*I, H] = gate rows then up rows
             gate, up = loaded.chunk(2, dim=1)
             param.data.copy_(torch.cat([dist.shard(gate, 1), dist.shard(up, 1)], dim=1).to(param.dtype))
         else:  # [E, H, I]
@@ -719,10 +738,13 @@ class FusedMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         out = torch.zeros(hidden_states.shape, dtype=torch.float32)
         for e in experts.unique().tolist():
+            local = e if self.expert_map is None else int(self.expert_map[e])
+            if local < 0:  # held by another rank
+                continue
             rows, slot = (experts == e).nonzero(as_tuple=True)
-            gate_up = F.linear(hidden_states[rows], self.w13_weight[e])
+            gate_up = F.linear(hidden_states[rows], self.w13_weight[local])
             act = F.silu(gate_up[..., :self.inter]) * gate_up[..., self.inter:]
-            out.index_add_(0, rows, F.linear(act, self.w2_weight[e]).float() * weights[rows, slot, None])
+            out.index_add_(0, rows, F.linear(act, self.w2_weight[local]).float() * weights[rows, slot, None])
         out = out.to(hidden_states.dtype)
         return dist.all_reduce(out) if self.reduce_results else out
 
@@ -736,7 +758,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, False, opts["dtype"])
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
                                 cfg.moe_intermediate_size, False, opts.get("renormalize", cfg.norm_topk_prob),
-                                opts["dtype"])
+                                opts["dtype"], opts.get("expert_parallel", False))
 
     def forward(self, hidden_states):
         router_logits, _ = self.gate(hidden_states)
