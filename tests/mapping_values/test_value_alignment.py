@@ -75,6 +75,9 @@ def test_fault_in_an_unprofiled_pair_is_named_through_order_alignment(name, trai
     # the diverged module cannot match by value: the order rule pairs it
     assert _pair(doc, train)["aligned_by"] == "order"
     assert doc["summary"]["pairs_by_alignment"]["order"] == order
+    # the root cause says how its pair was found, and asks the user to confirm it
+    assert rc["evidence"]["aligned_by"] == "order"
+    assert "paired by their position between aligned modules, not by name" in rc["next_checks"][-1]
 
 
 def _records(name):

@@ -59,6 +59,7 @@ class ModuleVerdict:
     observed_downstream: dict[str, dict] = field(default_factory=dict)
     points: dict[str, list[PointVerdict]] = field(default_factory=dict)
     note: str | None = None
+    aligned_by: str = "names"  # how the pair was found: names | values | order (value_align.py)
     # Where the pair sits (structure.py): the pid of the aligned pair whose output feeds it, the
     # pids of the pairs holding it (innermost first) and the one-sided modules between the two.
     previous_aligned: str | None = None
@@ -190,7 +191,7 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, div
         pair.pid, pair.kind, [train[i].path for i in pair.train], [rollout[i].path for i in pair.rollout],
         pair.layer, pair.block, pair.role, min(pair.train), in_s, source, par_s, out_s, in_e, par_e, out_e,
         amp, boundary, status, rank, why, unexplained_input_points=unexplained, observed_downstream=downstream,
-        points=pts, note=pair.note)
+        points=pts, note=pair.note, aligned_by=pair.aligned_by)
 
 
 def _observed_downstream(pair: Pair, outs: list[PointVerdict], by_cid, train, rollout,

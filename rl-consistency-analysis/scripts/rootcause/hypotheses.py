@@ -29,6 +29,19 @@ def config_keys(role: str | None) -> list[str]:
 
 def for_finding(f: dict) -> tuple[list[dict], list[str]]:
     """Return (hypotheses, next_checks) for a finding dict built by the triage."""
+    hyps, checks = _for_category(f)
+    how = f.get("evidence", {}).get("aligned_by")
+    if how in ("values", "order"):
+        # No naming rule paired these modules (dumpcompare/value_align.py): the pair itself is a
+        # judgement the user can check, and a naming profile makes it certain.
+        basis = "the statistics they carry" if how == "values" else "their position between aligned modules"
+        checks = checks + [f"{_names(f.get('train_module'))} (train) and {_names(f.get('rollout_module'))} "
+                           f"(rollout) were paired by {basis}, not by name: confirm they are the same module, "
+                           "or describe the family in a naming profile (--naming)."]
+    return hyps, checks
+
+
+def _for_category(f: dict) -> tuple[list[dict], list[str]]:
     cat, role = f["category"], f.get("role")
     t, r = _names(f.get("train_module")), _names(f.get("rollout_module"))
     keys = ", ".join(config_keys(role))

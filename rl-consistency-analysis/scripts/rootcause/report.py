@@ -150,6 +150,8 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
     if doc["root_causes"]:
         top = doc["root_causes"][0]
         extra = f", missing on {top['missing_on']}" if top.get("missing_on") else ""
+        paired = (top.get("evidence") or {}).get("aligned_by")
+        extra += f", paired by {paired}" if paired in ("values", "order") else ""
         lines.append(f"top cause: {top['category']} at train={_name(top['train_module'])} "
                      f"rollout={_name(top['rollout_module'])} (layer {top['layer']}, side {top['side']}{extra}, "
                      f"confidence {top['confidence']} {top['confidence_word']})")

@@ -308,6 +308,7 @@ def classify(s: Suspect) -> dict:
         "input_status": m["input_status"], "input_status_source": m["input_status_source"],
         "parameter_status": m["parameter_status"], "output_status": m["output_status"],
         "amplification": m["amplification"], "previous_aligned": _mini(s.prev),
+        "aligned_by": m.get("aligned_by", "names"),
         "differing_points": [p["point"] for io in ("in", "param", "out") for p in m["points"][io]
                              if p["status"] in DIVERGED],
         "differing_parameters": [p["point"] for p in m["points"]["param"] if p["status"] in DIVERGED],
