@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.replay_attention import SCALE, Problem, attend, fit, layer_window, rotate, scale_candidates
+from dumpcompare.replay import rotate
+from dumpcompare.replay_attention import SCALE, Problem, attend, fit, layer_window, scale_candidates
 from refcheck.realcases import COMPARE, CORPUS, first_root_cause, run, run_pair
 
 REPLAY = Path(__file__).resolve().parents[1] / "data" / "replay"

@@ -76,7 +76,7 @@ def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | No
         _derive(arrays, order, layer)
         if on_layer is not None:
             on_layer(arrays)
-            for k in [k for k in arrays if _layer(k) == layer and k.split(".")[-1] not in _STREAM]:
+            for k in [k for k in arrays if point_layer(k) == layer and k.split(".")[-1] not in _STREAM]:
                 del arrays[k]
 
     group, current = [], object()
@@ -204,11 +204,12 @@ def departure(plans, judged: dict, run: RefRun) -> dict | None:
         return None
     first = min(bad, key=lambda p: (max(run.order.get(x, 1 << 30) for x in p.point.split("+")), p.cid))
     j = judged[first.cid]
-    return {"cid": first.cid, "point": first.point, "layer": _layer(first.point), "error": j["error"],
+    return {"cid": first.cid, "point": first.point, "layer": point_layer(first.point), "error": j["error"],
             "tolerance": j["tolerance"], "how": j["how"]}
 
 
-def _layer(point: str) -> int | None:
+def point_layer(point: str) -> int | None:
+    """The layer a point belongs to (``L3.up`` -> 3); None for a model-level point (``M.logits``)."""
     head = point.split(".")[0]
     return int(head[1:]) if head.startswith("L") and head[1:].isdigit() else None
 

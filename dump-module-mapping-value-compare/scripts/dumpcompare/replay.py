@@ -122,19 +122,36 @@ def _config_eps(config: dict, kind: str):
     return keys[0], None
 
 
+def rope_angles(positions: np.ndarray, rotary: int, theta: float) -> np.ndarray:
+    """Rotation angles [tokens, rotary / 2] of each position at ``theta`` (float64)."""
+    inv = 1.0 / theta ** (np.arange(0, rotary, 2, dtype=np.float64) / rotary)
+    return np.outer(positions.astype(np.float64), inv)
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
+    """Neox-style RoPE of [T, heads*d] rows with cos/sin [T, r/2]: the first r features of each
+    head rotated as two halves, the rest passed through (partial rotary)."""
+    t = x.reshape(x.shape[0], -1, head_dim)
+    half = cos.shape[-1]
+    c, s_ = cos[:, None, :], sin[:, None, :]
+    a, b, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
+    return np.concatenate([a * c - b * s_, b * c + a * s_, rest], axis=-1).reshape(x.shape)
+
+
 def rope(x: np.ndarray, positions: np.ndarray, head: int, rotary: int, theta: float,
          interleaved: bool = False) -> np.ndarray:
     """Rotary embedding of [tokens, heads * head] rows: the first ``rotary`` features of each head
     rotated as two halves (neox style) or as adjacent pairs (``interleaved``, GPT-J style), the
     rest passed through (partial rotary)."""
-    t = x.reshape(x.shape[0], -1, head)
-    inv = 1.0 / theta ** (np.arange(0, rotary, 2, dtype=np.float64) / rotary)
-    ang = np.outer(positions.astype(np.float64), inv)[:, None, :]
+    ang = rope_angles(positions, rotary, theta)
     cos, sin = np.cos(ang), np.sin(ang)
+    if not interleaved:
+        return rotate(x, cos, sin, head)
+    t = x.reshape(x.shape[0], -1, head)
     rot, rest = t[..., :rotary], t[..., rotary:]
-    a, b = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., : rotary // 2], rot[..., rotary // 2:])
-    ra, rb = a * cos - b * sin, b * cos + a * sin
-    rot = np.stack([ra, rb], axis=-1).reshape(rot.shape) if interleaved else np.concatenate([ra, rb], axis=-1)
+    a, b = rot[..., 0::2], rot[..., 1::2]
+    c, s_ = cos[:, None, :], sin[:, None, :]
+    rot = np.stack([a * c - b * s_, b * c + a * s_], axis=-1).reshape(rot.shape)
     return np.concatenate([rot, rest], axis=-1).reshape(x.shape)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
-from .replay import MAX_LEAF, Fit, rel_error
+from .replay import MAX_LEAF, Fit, rel_error, rope_angles, rotate
 
 THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
@@ -119,20 +119,9 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, head_dim: int, scale: fl
     return (p @ vh).transpose(1, 0, 2).reshape(t, -1)
 
 
-def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
-    """Neox-style RoPE of [T, heads*d] rows with cos/sin [T, r/2]: the first r features of each
-    head rotated as two halves, the rest passed through (partial rotary)."""
-    t = x.reshape(x.shape[0], -1, head_dim)
-    half = cos.shape[-1]
-    c, s_ = cos[:, None, :], sin[:, None, :]
-    a, b, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
-    return np.concatenate([a * c - b * s_, b * c + a * s_, rest], axis=-1).reshape(x.shape)
-
-
 def rope_tables(positions: np.ndarray, rotary: int, theta: float, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [T, rotary/2] at ``theta``, rounded to the side's dtype as both engines store them."""
-    inv = 1.0 / theta ** (np.arange(0, rotary, 2, dtype=np.float64) / rotary)
-    ang = np.outer(positions.astype(np.float64), inv)
+    ang = rope_angles(positions, rotary, theta)
     return (to_dtype(np.cos(ang), dtype).astype(np.float64), to_dtype(np.sin(ang), dtype).astype(np.float64))
 
 

@@ -17,18 +17,13 @@ import math
 import numpy as np
 
 from .compare.layout import interleave_parts
-from .refforward import RefRun, compare_side, point_arrays
+from .refforward import RefRun, compare_side, point_arrays, point_layer
 from .reference import leaf_array
 from .replay import ACTS, EPS_GRID
 
 THETAS = (1e4, 1e5, 5e5, 1e6)
 # Points of the layer the candidates are judged on; a candidate is a hypothesis about that layer.
 _MAX_CANDIDATES = 40
-
-
-def _layer_of(point: str) -> int | None:
-    head = point.split(".")[0]
-    return int(head[1:]) if head.startswith("L") and head[1:].isdigit() else None
 
 
 def _const(a: np.ndarray):
@@ -85,7 +80,7 @@ def own_weights(results, plans, side: str, view, layer: int | None, ckpt) -> lis
     for res in results:
         rec = (res.reference or {}).get(side) or {}
         names = rec.get("checkpoint_tensors") or []
-        if rec.get("matches_reference") is not False or len(names) != 1 or _layer_of(res.point) != layer:
+        if rec.get("matches_reference") is not False or len(names) != 1 or point_layer(res.point) != layer:
             continue
         leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(by_cid[res.cid], side)]
         arr = leaf_array(view, leaves[0]) if len(leaves) == 1 and leaves[0] is not None else None
@@ -102,7 +97,7 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
     """Candidates injected at the departing layer of ``side``, with their residuals (``own``: the
     side's differing weights, from :func:`own_weights`)."""
     layer = dep["layer"]
-    at = [p for p in plans if p.cid in judged and _layer_of(p.point) == layer]
+    at = [p for p in plans if p.cid in judged and point_layer(p.point) == layer]
     base_err = max((judged[p.cid]["error"] or 0.0) for p in at) if at else None
     cfg = ref.config
     names = set(ref.checkpoint.tensors)
@@ -152,7 +147,7 @@ def _simulate(refmodel, ref, run: RefRun, ids, dtype: str, layer: int | None, we
             break      # the candidate is judged on its own layer: the rest of the forward is not needed
         outs.append(out)
     # Points before the resumed layer come from the reference run (the stream the layer starts from).
-    before = {k: v for k, v in run.arrays.items() if start and _layer_of(k) is not None and _layer_of(k) < start}
+    before = {k: v for k, v in run.arrays.items() if start and point_layer(k) is not None and point_layer(k) < start}
     # A candidate judged outside the layers (the logits) runs them all: their points are dropped
     # layer by layer, as in the reference run itself.
     return point_arrays(outs, namer, before, {p.point for p in plans},
