@@ -207,3 +207,15 @@ def test_decode_steps_count_modules_once(tmp_path):
     assert steps > 1 and s["rollout_calls"] == steps * s["rollout_modules"]
     assert s["stitched_calls"]["rollout"] == (steps - 1) * s["mapped_rollout_modules"]
     assert s["rollout_only"] == s["rollout_modules"] - s["mapped_rollout_modules"] < s["rollout_modules"] // 2
+
+
+def test_report_says_why_tensor_logits_were_not_compared(tmp_path):
+    """Megatron keeps every position's logits, the vLLM-shaped rollout only the sampled one: the
+    report says the logits were not compared and why, never that the dump holds no tensors."""
+    name = "megatron_tp1_tensor_clean"
+    code, err, _doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path)
+    assert code == 0, err
+    lp = json.loads((tmp_path / "output_3_value_compare.json").read_text(encoding="utf-8"))["logprob"]
+    assert (lp["mode"], lp["status"]) == ("tensor", "incomparable") and "shape conflict" in lp["reason"]
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "were not compared: shape conflict" in html and "the dump holds no tensors" not in html

@@ -172,7 +172,7 @@ def logits_view(results: list[Result]) -> dict | None:
         return None
     base = {"cid": r.cid, "point": r.point, "status": r.status, "error": r.error, "tolerance": r.tolerance,
             "margin": r.error / r.tolerance if r.error is not None and r.tolerance else None,
-            "dtypes": [r.train["dtypes"][0], r.rollout["dtypes"][0]]}
+            "dtypes": [r.train["dtypes"][0], r.rollout["dtypes"][0]], "mode": r.mode, "reason": r.reason}
     if r.logprob is not None:
         return {"kind": "per_token_logprob", **base,
                 **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level")}}

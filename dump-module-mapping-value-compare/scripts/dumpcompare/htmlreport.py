@@ -192,7 +192,14 @@ def _logits_stats(lp: dict) -> str:
                     f'stroke="#2e7d32" stroke-dasharray="5,3"/><text x="{left + bw * len(names) + 4}" y="{y + 4}" '
                     f'font-size="11">tolerance {fmt(tol)}</text></g>')
     svg = _svg(left + bw * max(1, len(names)) + 120, top + h + 30, "chart logits-statistics", body)
-    return ("<p>Statistics mode: the dump holds no tensors, so per-token log-probs cannot be computed. "
+    if lp.get("status") == "incomparable":
+        why = ("" if lp.get("mode") != "statistics"
+               else "Statistics mode: the dump holds no tensors, so per-token log-probs cannot be computed. ")
+        return (f"<p>{why}The logits ({text(lp.get('point'))}) were not compared: {text(lp.get('reason'))}.</p>")
+    why = ("Statistics mode: the dump holds no tensors, so per-token log-probs cannot be computed. "
+           if lp.get("mode", "statistics") == "statistics" else
+           "The logits could not be turned into per-token log-probs; their statistics were compared. ")
+    return (f"<p>{why}"
             f"The logits ({text(lp.get('point'))}) differ by {fmt(lp.get('error'))} against a tolerance of "
             f"{fmt(lp.get('tolerance'))} for {text(' / '.join(str(d) for d in lp.get('dtypes') or []))} "
             f"(status {text(lp.get('status'))}, {fmt(lp.get('margin'))} times the tolerance).</p>" + _figure(svg))
