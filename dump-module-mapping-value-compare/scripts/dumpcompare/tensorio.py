@@ -21,8 +21,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-__all__ = ["TensorReadError", "TensorInfo", "resolve_data_file", "load_pt_tree", "load_tensor", "open_tensor",
-           "widen_bf16", "bfloat16_bits"]
+__all__ = ["TensorReadError", "TensorInfo", "resolve_data_file", "load_pt_tree", "load_tensor", "load_pt_dict",
+           "open_tensor", "widen_bf16", "bfloat16_bits"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -520,6 +520,34 @@ def load_tensor(path: Path, mmap: bool = False) -> np.ndarray:
     """
     return _read_guarded(path, lambda p: _load_npy(p, mmap),
                          lambda archive, ref: _to_host_dtype(archive.values(ref), ref.dtype))
+
+
+def load_pt_dict(path: Path) -> dict:
+    """The tensors of a ``.pt`` file holding a dict (an RL batch saved with ``torch.save``), read whole.
+
+    Values that are tensors come back as numpy arrays (bfloat16 widened to float32), lists or
+    tuples of tensors as lists of arrays, plain values as they are. Read by the same restricted
+    unpickler as :func:`load_tensor`. Raises TensorReadError (one line naming the file).
+    """
+    def pick(obj):
+        if not isinstance(obj, dict):
+            raise _FormatError(f"holds a {type(obj).__name__}, not a dict of tensors")
+        _plain_tree(obj)            # refuses anything but tensors and plain values, bounds the size
+        return obj
+
+    def on_pt(archive, obj):
+        def value(v):
+            if isinstance(v, _TensorRef):
+                return _to_host_dtype(archive.values(v), v.dtype)
+            if type(v) in (list, tuple):
+                return [value(x) for x in v]
+            return v
+        return {k: value(v) for k, v in obj.items()}
+
+    def on_npy(_path):
+        raise _FormatError("a .npy array, not a torch.save dict")
+
+    return _read_guarded(path, on_npy, on_pt, pick=pick)
 
 
 def bfloat16_bits(array: np.ndarray) -> np.ndarray:
