@@ -25,6 +25,10 @@ dumpcompare.refmodel runs on ``--refmodel-tokens`` tokens; its peak memory over 
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
 
+Log-prob triage (``logprobs``): ``tools/logprob_bench.py`` writes 10^6 response tokens per side
+as an RL-batch ``.npz`` and as the generic JSONL; ``triage_logprobs.py`` on each is set against
+``np.load`` of every array and ``json.loads`` of every line of the same files (target 3x).
+
 Per stage the bench prints the median wall time, the peak memory (the larger of the exact peak
 RSS of any one process of the stage, from ``wait4``, and the sampled sum of the RSS of all its
 processes), and the ratios of issue 6: pipeline time / baseline time (all files) and peak
@@ -59,8 +63,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BIGDUMP = ROOT / "tools" / "bigdump.py"
 COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py"
 ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
+TRIAGE_LOGPROBS = ROOT / "rl-consistency-analysis" / "scripts" / "triage_logprobs.py"
 TESTS = ROOT / "tests"
-STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "refmodel")
+STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "refmodel")
 # Stages run when --stages is not given: the refmodel stage writes a checkpoint of hundreds of MB
 # and is asked for by name (make bench runs it after the others).
 DEFAULT_STAGES = STAGES[:-1]
@@ -668,6 +673,8 @@ def main(argv=None) -> int:
                     help="size of the random Llama checkpoint of the refmodel stage (default 300)")
     ap.add_argument("--refmodel-tokens", type=int, default=64, help="tokens of the refmodel forward (default 64)")
     ap.add_argument("--refmodel-dtype", choices=("fp32", "bf16"), default="bf16")
+    ap.add_argument("--logprob-tokens", type=int, default=None,
+                    help="response tokens per side of the log-prob triage stage (default 10^6; 10^5 with --quick)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -678,6 +685,7 @@ def main(argv=None) -> int:
     args.tensor_layers = args.tensor_layers or 2
     args.tensor_seq_len = args.tensor_seq_len or (16 if q else 1024)
     args.tensor_vocab = args.tensor_vocab or (256 if q else 65536)
+    args.logprob_tokens = args.logprob_tokens or (100_000 if q else 1_000_000)
     stages = {s.strip() for s in args.stages.split(",") if s.strip()}
     unknown = stages - set(STAGES)
     if unknown:
@@ -762,6 +770,9 @@ def main(argv=None) -> int:
                     info_lines.append(f"verdict (tensor, full run): {_verdict(work / 'out_tensor_rootcause')}")
             results["ratio_lines"] = list(ratio_lines)
 
+        if "logprobs" in stages:
+            run_logprobs(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+
         if "refmodel" in stages:
             run_refmodel(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
@@ -790,6 +801,37 @@ def main(argv=None) -> int:
             if not args.workdir:
                 shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def run_logprobs(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+                 ratio_lines: list, info_lines: list) -> None:
+    """The log-prob triage on 10^6 tokens against reading the same files (tools/logprob_bench.py)."""
+    import logprob_bench as lb
+
+    folder = work / "logprob_pair"
+    created.append(folder)
+    pair = lb.write_pair(folder, args.logprob_tokens)
+    info_lines.append(f"log-prob pair: {pair['tokens']} tokens per side in {pair['sequences']} sequences, "
+                      f".npz {_mb(os.path.getsize(pair['rollout']['npz']))} MB and .jsonl "
+                      f"{_mb(os.path.getsize(pair['rollout']['jsonl']))} MB per side")
+    for fmt, base_name, snippet in (("npz", "np.load", lb.NPZ_LOAD), ("jsonl", "json.loads every line", lb.JSONL_LOADS)):
+        files = [pair["rollout"][fmt], pair["train"][fmt]]
+        base = run_stage(f"logprobs {fmt}: {base_name} (both sides)", [args.python, "-c", snippet, *files],
+                         args.repeat, mem_limit=mem_limit)
+        results["stages"][base.name] = _stage_json(base)
+        rows.append(stage_row(base, base.median, None))
+        out = work / f"out_logprobs_{fmt}"
+        created.append(out)
+        cmd = [args.python, str(TRIAGE_LOGPROBS), "--rollout", files[0], "--train", files[1],
+               "--out-dir", str(out), "--quiet"]
+        timeout = args.stage_timeout or max(120.0, args.timeout_factor * (base.median or 0.0))
+        st = run_stage(f"logprobs {fmt}: triage_logprobs.py", cmd, args.repeat, timeout=timeout, mem_limit=mem_limit)
+        results["stages"][st.name] = _stage_json(st)
+        rows.append(stage_row(st, base.median, None))
+        r = _ratio_parts(st, base.median, base.cpu_median)
+        ratio_lines.append(f"ratio logprobs {fmt}: time / {base_name} of the same files = {r['time']} (target <= 3x), "
+                           f"cpu time ratio {r['cpu']}; median {_fmt_s(st.median)} s, peak {r['peak_mb']} MB{r['tag']}")
+    results["ratio_lines"] = list(ratio_lines)
 
 
 def run_refmodel(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,

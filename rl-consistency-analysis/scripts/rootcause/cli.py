@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import credence, evidence, report, sibling, triage
+from . import credence, evidence, logprob_cli, logprob_inputs, logprob_noise, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 # The compare options are declared here again, not taken from the compare skill: this skill
@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
     ap.add_argument("--no-fold-calls", action="store_true", help="passed to the compare step")
     ap.add_argument("--jobs", type=_positive_int, help="processes reading the dumps, passed to the compare step")
+    for side in ("rollout", "train"):
+        ap.add_argument(f"--{side}-logprobs", metavar="FILE",
+                        help=f"the {side}'s per-token log-probs (formats: triage_logprobs.py --help); with both, "
+                             "output_5 gains logprob_triage")
     ap.add_argument("--reuse-outputs", action="store_true",
                     help="do not rerun the compare step; read existing output_1..4 in --out-dir")
     ap.add_argument("--fail-on-finding", action="store_true",
@@ -91,7 +95,10 @@ def _compare_argv(args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if bool(args.rollout_logprobs) != bool(args.train_logprobs):
+        ap.error("--rollout-logprobs and --train-logprobs go together")
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -109,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         ev = evidence.load(out)
         tri = triage.run(ev)
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
+        if args.rollout_logprobs and args.train_logprobs:
+            doc["logprob_triage"] = logprob_cli.triage([args.rollout_logprobs], [args.train_logprobs], (0.5, 2.0))
         report.write(out, doc)
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
         report.write_text(out / report.HTML, page)
-    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError) as exc:
+    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, logprob_inputs.LogprobInputError,
+            logprob_noise.NoiseBandError) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback

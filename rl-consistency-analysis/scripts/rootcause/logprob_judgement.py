@@ -52,8 +52,7 @@ def _signature(v: logprob_patterns.View) -> dict:
             "fraction_past_band": round(v.past_rate, 4), "allowed_fraction_past": ALLOWED_PAST}
 
 
-def _worst(p: Paired, v: logprob_patterns.View) -> list[dict]:
-    seq = logprob_metrics.sequences(p, v.delta, v.finite)
+def _worst(p: Paired, v: logprob_patterns.View, seq: dict) -> list[dict]:
     order = np.argsort(-np.nan_to_num(seq["mean_abs_diff"], nan=np.inf))[:_WORST]
     out = []
     for s in order:
@@ -134,8 +133,9 @@ def judge(rollout: logprob_inputs.LogprobSide, train: logprob_inputs.LogprobSide
         notes.append(f"{len(p.rollout_only)} rollout and {len(p.train_only)} train sequences have no partner")
     v = logprob_patterns.View.of(p, band, {"rollout": rollout.meta, "train": train.meta})
     patterns = [x.as_dict() for x in logprob_patterns.detect(v)]
-    metrics = logprob_metrics.batch(p, bounds) if p.tokens else {"tokens": 0}
-    worst = _worst(p, v) if p.tokens else []
+    seq = logprob_metrics.sequences(p, v.delta, v.finite)
+    metrics = logprob_metrics.batch(p, bounds, seq) if p.tokens else {"tokens": 0}
+    worst = _worst(p, v, seq) if p.tokens else []
     metrics["noise_signature"] = _signature(v) if p.tokens else {}
     metrics["worst_sequences"] = worst
     if p.tokens:

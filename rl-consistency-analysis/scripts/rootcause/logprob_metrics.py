@@ -16,8 +16,10 @@ QUANTILES = (0.5, 0.9, 0.99)
 _MAX_PER_POSITION = 4096
 
 
-def _q(x: np.ndarray, q: float) -> float | None:
-    return float(np.quantile(x, q)) if x.size else None
+def _quantiles(x: np.ndarray, name: str) -> dict:
+    """``{name_p50: .., name_p90: .., name_p99: ..}`` from one pass over ``x``."""
+    vals = np.quantile(x, QUANTILES) if x.size else [None] * len(QUANTILES)
+    return {f"{name}_p{int(q * 100)}": _f(v) for q, v in zip(QUANTILES, vals)}
 
 
 def _f(x) -> float | None:
@@ -32,8 +34,8 @@ def deltas(p: Paired) -> tuple[np.ndarray, np.ndarray]:
     return delta, finite
 
 
-def batch(p: Paired, bounds: tuple[float, float]) -> dict:
-    """Batch metrics over every finite paired token."""
+def batch(p: Paired, bounds: tuple[float, float], seq: dict | None = None) -> dict:
+    """Batch metrics over every finite paired token (``seq``: :func:`sequences` when already computed)."""
     delta, finite = deltas(p)
     d = delta[finite]
     ad = np.abs(d)
@@ -43,21 +45,21 @@ def batch(p: Paired, bounds: tuple[float, float]) -> dict:
         "tokens": p.tokens, "sequences": len(p.ids), "non_finite_tokens": int((~finite).sum()),
         "log_prob_abs_diff_mean": _f(ad.mean()) if d.size else None,
         "log_prob_abs_diff_max": _f(ad.max()) if d.size else None,
-        **{f"log_prob_abs_diff_p{int(q * 100)}": _q(ad, q) for q in QUANTILES},
+        **_quantiles(ad, "log_prob_abs_diff"),
         "log_prob_diff_mean": _f(d.mean()) if d.size else None,
         "log_prob_diff_std": _f(d.std()) if d.size else None,
         "rollout_is_mean": _f(r.mean()) if d.size else None,
         "rollout_is_std": _f(r.std()) if d.size else None,
         "rollout_is_min": _f(r.min()) if d.size else None,
         "rollout_is_max": _f(r.max()) if d.size else None,
-        **{f"rollout_is_p{int(q * 100)}": _q(r, q) for q in QUANTILES},
+        **_quantiles(r, "rollout_is"),
         "rollout_is_ratio_fraction_high": _f((r > hi).mean()) if d.size else None,
         "rollout_is_ratio_fraction_low": _f((r < lo).mean()) if d.size else None,
         "ratio_bounds": [lo, hi],
         "kl": _f((-d).mean()) if d.size else None,
         "k3_kl": _f((r - 1.0 - d).mean()) if d.size else None,
     }
-    seq = sequences(p, delta, finite)
+    seq = seq or sequences(p, delta, finite)
     if seq["log_ratio"].size:
         out["seq_log_ratio_mean"] = _f(seq["log_ratio"].mean())
         out["seq_log_ratio_min"] = _f(seq["log_ratio"].min())

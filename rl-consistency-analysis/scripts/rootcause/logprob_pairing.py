@@ -71,7 +71,7 @@ def _top(side: LogprobSide, idx: np.ndarray):
 
 def pair(rollout: LogprobSide, train: LogprobSide) -> Paired:
     """Pair the two sides' sequences and keep those that scored the same token ids."""
-    if rollout.ids_given and train.ids_given and set(rollout.ids) & set(train.ids):
+    if rollout.ids_given and train.ids_given:
         by = "id"
         where = {sid: i for i, sid in enumerate(train.ids)}
         r_idx = [i for i, sid in enumerate(rollout.ids) if sid in where]
@@ -83,17 +83,24 @@ def pair(rollout: LogprobSide, train: LogprobSide) -> Paired:
         n = min(rollout.sequences, train.sequences)
         r_idx, t_idx = list(range(n)), list(range(n))
         r_only, t_only = rollout.ids[n:], train.ids[n:]
-    keep_r, keep_t, mismatched = [], [], []
-    for ri, ti in zip(r_idx, t_idx):
+    r_idx, t_idx = np.array(r_idx, np.int64), np.array(t_idx, np.int64)
+    r_len = rollout.offsets[r_idx + 1] - rollout.offsets[r_idx]
+    t_len = train.offsets[t_idx + 1] - train.offsets[t_idx]
+    same = r_len == t_len
+    # Token ids compared for all equal-length pairs at once: one mismatch count per pair.
+    a, b = rollout.token_ids[_gather(rollout, r_idx[same])], train.token_ids[_gather(train, t_idx[same])]
+    owner = np.repeat(np.arange(int(same.sum())), r_len[same])
+    bad = np.bincount(owner[a != b], minlength=int(same.sum()))
+    ok = np.zeros(r_idx.size, bool)
+    ok[np.flatnonzero(same)] = bad == 0
+    mismatched = []
+    for ri, ti in zip(r_idx[~ok], t_idx[~ok]):
         a = rollout.token_ids[rollout.offsets[ri]:rollout.offsets[ri + 1]]
         b = train.token_ids[train.offsets[ti]:train.offsets[ti + 1]]
-        if a.size == b.size and np.array_equal(a, b):
-            keep_r.append(ri)
-            keep_t.append(ti)
-            continue
         m = min(a.size, b.size)
         diff = np.flatnonzero(a[:m] != b[:m])
         mismatched.append(Mismatch(rollout.ids[ri], int(a.size), int(b.size), int(diff[0]) if diff.size else None))
+    keep_r, keep_t = r_idx[ok].tolist(), t_idx[ok].tolist()
     kr, kt = np.array(keep_r, np.int64), np.array(keep_t, np.int64)
     ir, it = _gather(rollout, kr), _gather(train, kt)
     lengths = rollout.offsets[kr + 1] - rollout.offsets[kr]

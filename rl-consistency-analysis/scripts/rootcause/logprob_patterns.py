@@ -61,8 +61,15 @@ class View:
         return float(self.past.mean()) if self.past.size else 0.0
 
 
+_TREND_SAMPLE = 100_000
+
+
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Rank correlation (no ties correction: enough for a trend test)."""
+    """Rank correlation (no ties correction: enough for a trend test); on an evenly spaced sample
+    of at most _TREND_SAMPLE points, which estimates a trend as well as all of them."""
+    if x.size > _TREND_SAMPLE:
+        step = -(-x.size // _TREND_SAMPLE)
+        x, y = x[::step], y[::step]
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
     rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
@@ -128,25 +135,26 @@ def prefill_decode_jump(v: View) -> Pattern | None:
                    "the prefill's last row against the trainer's row P-1)", {"position": 0})
 
 
-def _best_split(rate_of_prefix: np.ndarray, total: np.ndarray) -> tuple[int, float, float] | None:
-    """Split of an ordered 0/1 series maximising (rate after - rate before), >= 3 items each side."""
-    n = total.size
+def _best_split(hits: np.ndarray, totals: np.ndarray | None = None) -> tuple[int, float, float] | None:
+    """Split of an ordered series of past-band counts (over ``totals`` items each; one item each
+    when None) maximising (rate after - rate before), with at least 3 entries on each side."""
+    n = hits.size
     if n < 6:
         return None
-    c = np.concatenate(([0.0], np.cumsum(rate_of_prefix)))
-    w = np.concatenate(([0.0], np.cumsum(total)))
-    k = np.arange(3, n - 2)
-    before = c[k] / np.maximum(w[k], 1e-12)
-    after = (c[-1] - c[k]) / np.maximum(w[-1] - w[k], 1e-12)
+    c = np.cumsum(hits, dtype=np.float64)
+    w = np.arange(1, n + 1, dtype=np.float64) if totals is None else np.cumsum(totals, dtype=np.float64)
+    c_k, w_k = c[2:n - 3], w[2:n - 3]           # prefix sums up to and including entry k-1, k = 3..n-3
+    before = c_k / np.maximum(w_k, 1e-12)
+    after = (c[-1] - c_k) / np.maximum(w[-1] - w_k, 1e-12)
     i = int(np.argmax(after - before))
-    return int(k[i]), float(before[i]), float(after[i])
+    return i + 3, float(before[i]), float(after[i])
 
 
 def from_position(v: View) -> Pattern | None:
     """A change from one point on: in token order (a weight sync while requests ran one after
     another), or from one response position on in every sequence (a sync during a batched decode)."""
     cands = []
-    s = _best_split(v.past.astype(float), np.ones(v.past.size))
+    s = _best_split(v.past)
     if s:
         k, b, a = s
         cands.append((a - b, "token_order", {"sequence": v.paired.ids[v.seq[k]], "position": int(v.pos[k]),
@@ -154,7 +162,7 @@ def from_position(v: View) -> Pattern | None:
     if len(v.paired.ids) >= 2:
         n = np.bincount(v.pos)
         hits = np.bincount(v.pos, weights=v.past.astype(float))
-        s = _best_split(hits, n.astype(float))
+        s = _best_split(hits, n)
         if s:
             k, b, a = s
             cands.append((a - b, "response_position", {"position": k}, b, a))

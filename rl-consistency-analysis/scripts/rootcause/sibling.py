@@ -46,9 +46,12 @@ def _load(skill_root: Path, entry: Path, what: str) -> ModuleType:
     path = _sibling_file(skill_root, entry)
     spec = importlib.util.spec_from_file_location(f"rootcause_sibling_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: dataclasses look their module up in sys.modules.
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except (OSError, SyntaxError, ImportError) as exc:
+        del sys.modules[spec.name]
         raise SiblingError(f"{path}: cannot load the sibling's {what} module ({exc})") from None
     return module
 

