@@ -39,13 +39,14 @@ MODELS = {
 MIDGEN_CALL = 3 * MAX_TOKENS + 9       # forward call (0-based) before which the weight sync lands
 
 
-def vllm_request_record(req, sampling) -> dict:
+def vllm_request_record(req, sampling, dtype) -> dict:
     """The snippet of references/logprob_inputs.md: one vLLM RequestOutput as one JSON record."""
     out = req.outputs[0]
     return {
         "request_id": req.request_id,
         "prompt_token_ids": list(req.prompt_token_ids),
         "temperature": sampling.temperature,
+        "dtype": str(dtype),
         "outputs": [{
             "index": out.index,
             "token_ids": list(out.token_ids),
@@ -128,7 +129,7 @@ def run_vllm(spec: dict) -> None:
     outs = llm.generate(prompts, sampling, use_tqdm=False)
     with open(spec["out"], "w") as f:
         for req in outs:
-            f.write(json.dumps(vllm_request_record(req, sampling)) + "\n")
+            f.write(json.dumps(vllm_request_record(req, sampling, llm.llm_engine.model_config.dtype)) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -317,12 +318,13 @@ def main() -> int:
     case("stale_weight", "vllm-cpu", vllm_to_generic(vout, "bf16"), recs,
          {"fault": "vLLM loaded layers.1.mlp.down_proj.weight from an older checkpoint", "verdict": "likely_bug",
           "patterns": ["uniform_offset"]}, fmt=("npz", "pt"))
-    # 4. rope theta differs: vLLM runs with rope_theta 1e6, the checkpoint (trainer) has 1e4.
-    vout = vllm_once(work, "sharp_fp32_rope", model=mdir, dtype="float32", temperature=1.0,
-                     hf_overrides={"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})
+    # 4. RoPE scaling on one side: vLLM runs linear rope scaling x1.02 (hf_overrides), the checkpoint
+    #    (trainer) none. The rotation error is 2 % of the query-key distance: it grows with position.
+    vout = vllm_once(work, "sharp_fp32_ropescale", model=mdir, dtype="float32", temperature=1.0,
+                     hf_overrides={"rope_parameters": {"rope_type": "linear", "factor": 1.02, "rope_theta": 10000.0}})
     recs, _ = score(mdir, "fp32", rows_of_vllm(vout), 1.0)
-    case("rope_theta_rollout", "vllm-cpu", vout, recs,
-         {"fault": "vLLM rope_theta 1e6 via hf_overrides, checkpoint 1e4", "verdict": "likely_bug",
+    case("rope_scaling_rollout", "vllm-cpu", vout, recs,
+         {"fault": "vLLM linear rope scaling 1.02 via hf_overrides, checkpoint none", "verdict": "likely_bug",
           "patterns": ["grows_with_position"]})
     # Trainer-side faults on the clean bf16 rollout.
     vout = work / "sharp_bf16.vllm.jsonl"

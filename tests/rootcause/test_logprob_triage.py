@@ -254,3 +254,21 @@ def test_nothing_compared_is_never_noise(tmp_path):
     t.write_text(json.dumps({"id": "b", "token_ids": [1, 2], "logprobs": [-1, -1]}) + "\n")
     doc = logprob_cli.triage([str(r)], [str(t)], (0.5, 2.0))
     assert doc["verdict"] == "undetermined" and doc["inputs"]["paired_tokens"] == 0
+
+
+def test_root_cause_run_adds_logprob_triage_to_output_5(tmp_path):
+    ex = REPO / "examples" / "hf_train_vs_vllm_rollout"
+    fault = DATA / "stale_weight"
+    res = subprocess.run([sys.executable, str(REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"),
+                          "--train", str(ex / "train"), "--rollout", str(ex / "rollout"), "--out-dir", str(tmp_path),
+                          "--rollout-logprobs", _side(fault, "rollout"), "--train-logprobs", _side(fault, "train")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "output_5_root_cause_report.json").read_text())
+    lt = doc["logprob_triage"]
+    assert lt["verdict"] == "likely_bug" and lt["patterns"][0]["name"] == "uniform_offset"
+    assert "log-prob triage: likely_bug" in res.stdout
+    res = subprocess.run([sys.executable, str(REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"),
+                          "--train", str(ex / "train"), "--rollout", str(ex / "rollout"), "--out-dir", str(tmp_path),
+                          "--rollout-logprobs", _side(fault, "rollout")], capture_output=True, text=True)
+    assert res.returncode == 2 and "go together" in res.stderr

@@ -6,7 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import credence, evidence, logprob_cli, logprob_inputs, logprob_noise, report, sibling, triage
+from . import (credence, evidence, logprob_cli, logprob_inputs, logprob_noise, logprob_report, report, sibling,
+               triage)
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 # The compare options are declared here again, not taken from the compare skill: this skill
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["logprob_triage"] = logprob_cli.triage([args.rollout_logprobs], [args.train_logprobs], (0.5, 2.0))
         report.write(out, doc)
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
+        if "logprob_triage" in doc:
+            page = page.replace("</body>", logprob_report.html_section(doc["logprob_triage"]) + "</body>", 1)
         report.write_text(out / report.HTML, page)
     except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, logprob_inputs.LogprobInputError,
             logprob_noise.NoiseBandError) as exc:
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         try:
             print(report.summary(doc, out, safe.visible), flush=True)
+            if "logprob_triage" in doc:
+                print(safe.visible(logprob_cli.summary(doc["logprob_triage"], out).splitlines()[0]), flush=True)
         except BrokenPipeError:
             # A reader that stopped early (`| head`): the outputs are written; say nothing more.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

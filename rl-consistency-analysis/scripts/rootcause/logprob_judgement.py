@@ -20,6 +20,13 @@ VERDICTS = ("precision_noise", "likely_bug", "undetermined")
 MIN_TOKENS = 20
 _WORST = 5
 CONFIG_CMD = 'python3 "<skill_root>/scripts/make_dump_config.py" --out config.json --dump-path <dump dir>'
+TOKENS_FILE = "next_dump_tokens.json"
+# The dump scripts of the real-engine work: one generation on the worst sequence's prompt, and the
+# trainer's forward on the same prompt + response.
+DUMP_CMDS = ('python3 "<skill_root>/scripts/dump_vllm.py" --model <checkpoint folder> --prompt-ids <out-dir>/{f} '
+             '--max-tokens {n} --task {task}{layers} --per-call --out <dump dir>',
+             'python3 "<skill_root>/scripts/dump_trainer.py" --model <checkpoint folder> --tokens <dump dir>/tokens.json '
+             '--task {task}{layers} --out <dump dir>')
 ROOTCAUSE_CMD = ('python3 "<skill_root>/scripts/run_root_cause_analysis.py" --train <train dump> '
                  '--rollout <rollout dump> --out-dir <out> --rollout-logprobs {r} --train-logprobs {t}')
 
@@ -37,6 +44,7 @@ class Triage:
     inputs: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     charts: dict = field(default_factory=dict)
+    tokens: dict | None = None          # prompt and response ids of the sequence next_dump names
 
 
 def _signature(v: logprob_patterns.View) -> dict:
@@ -81,39 +89,51 @@ def _charts(p: Paired, v: logprob_patterns.View, worst: list[dict]) -> dict:
 
 
 def _next_dump(patterns: list, worst: list[dict], verdict: str, files: dict) -> list[dict]:
-    seq = worst[0]["id"] if worst else None
-    where = {"sequence": seq, "positions": worst[0]["positions_past_band"][:10] if worst else []}
+    """Per fired pattern: what to look at or dump, on which sequence and positions, with the commands."""
     rc = ROOTCAUSE_CMD.format(r=files["rollout"], t=files["train"])
-    names = [p["name"] for p in patterns]
+    lengths = {w["id"]: w["tokens"] for w in worst}
     steps = []
 
-    def step(why, task, scope, cmds):
-        steps.append({"why": why, "msprobe_task": task, "layer_scope": scope, **where, "commands": cmds})
+    def where(pat: dict | None) -> dict:
+        at = (pat or {}).get("where") or {}
+        if at.get("sequence") is not None:     # the pattern names its own place (a change point, a mismatch)
+            pos = at.get("position", at.get("from_position"))
+            return {"sequence": at["sequence"], "positions": [] if pos is None else [pos]}
+        return {"sequence": worst[0]["id"] if worst else None,
+                "positions": worst[0]["positions_past_band"][:10] if worst else []}
 
-    if "token_mismatch" in names:
-        steps.append({"why": "re-score the rollout's own response ids on the trainer first; no dump needed",
-                      "msprobe_task": None, "layer_scope": None, "sequence": patterns[0]["where"].get("sequence"),
-                      "positions": [], "commands": []})
-    for name in names:
-        if name in ("position_shift", "sequence_end_gaps", "sparse_gaps"):
-            steps.append({"why": f"{name}: check the trainer's log-prob slicing and masks; no dump needed",
-                          "msprobe_task": None, "layer_scope": None, **where, "commands": []})
+    def look(pat, why):
+        steps.append({"why": why, "msprobe_task": None, "layer_scope": None, **where(pat), "commands": []})
+
+    def dump(pat, why, task, scope, cmds, layers=""):
+        at = where(pat)
+        extra = f" --layers {layers}" if layers else ""
+        n = lengths.get(at["sequence"], "<response tokens>")
+        cmds = [*cmds, *(c.format(f=TOKENS_FILE, n=n, task=task, layers=extra) for c in DUMP_CMDS)]
+        steps.append({"why": why, "msprobe_task": task, "layer_scope": scope, **at, "commands": cmds})
+
+    for pat in patterns:
+        name = pat["name"]
+        if name == "token_mismatch":
+            look(pat, "token_mismatch: re-score the rollout's own response ids on the trainer first; no dump needed")
+        elif name in ("position_shift", "sequence_end_gaps", "sparse_gaps"):
+            look(pat, f"{name}: check the trainer's log-prob slicing and masks; no dump needed")
         elif name in ("temperature", "logit_scale", "top1_disagreement"):
-            step(f"{name}: hold the dumped logits against both files (the root-cause run does this)", "tensor",
+            dump(pat, f"{name}: hold the dumped logits against both files (the root-cause run does this)", "tensor",
                  "layer 0 plus the model ends (final norm, lm_head, logits)",
-                 [CONFIG_CMD + " --task tensor --layers 0", rc])
+                 [CONFIG_CMD + " --task tensor --layers 0", rc], layers="0")
         elif name in ("from_position", "prefill_decode_jump"):
-            step(f"{name}: one msprobe step per forward call on this sequence, to find the first call that departs",
-                 "statistics", "all layers", [CONFIG_CMD, rc])
+            dump(pat, f"{name}: one msprobe step per forward call on this sequence, to find the first call that "
+                      "departs", "statistics", "all layers", [CONFIG_CMD, rc])
         elif name == "grows_with_position":
-            step("grows_with_position: rotary embedding and attention of the first layers, long prompt",
-                 "statistics", "layers 0-1 plus the model ends", [CONFIG_CMD + " --layers 0-1", rc])
+            dump(pat, "grows_with_position: rotary embedding and attention of the first layers, long prompt",
+                 "statistics", "layers 0-1 plus the model ends", [CONFIG_CMD + " --layers 0-1", rc], layers="0-1")
         elif name == "uniform_offset":
-            step("uniform_offset: module-level dump of both sides on this sequence; --model names the side",
+            dump(pat, "uniform_offset: module-level dump of both sides on this sequence; --model names the side",
                  "statistics", "all layers", [CONFIG_CMD, rc + " --model <checkpoint folder>"])
-    if not steps and verdict == "undetermined":
-        step("past the band with no listed pattern: measure your own band with --baseline (an early step, or the "
-             "same engine twice), then dump one sequence at module level", "statistics", "all layers",
+    if not steps and verdict == "undetermined" and worst:
+        dump(None, "past the band with no listed pattern: measure your own band with --baseline (an early step, or "
+                   "the same engine twice), then dump one sequence at module level", "statistics", "all layers",
              [CONFIG_CMD, rc])
     return steps
 
@@ -154,9 +174,19 @@ def judge(rollout: logprob_inputs.LogprobSide, train: logprob_inputs.LogprobSide
         verdict, reason = "undetermined", (f"{v.past_rate:.2%} of tokens past the {band.precision} band but no pattern "
                                            "of the list explains it; a band measured on CPU engines can be narrower "
                                            "than a GPU's: pass --baseline with a clean pair of your own")
+    steps = _next_dump(patterns, worst, verdict, {"rollout": rollout.path, "train": train.path})
     return Triage(verdict=verdict, reason=reason, patterns=patterns, metrics=metrics, noise=band.as_dict(),
-                  next_dump=_next_dump(patterns, worst, verdict, {"rollout": rollout.path, "train": train.path}),
-                  inputs=inputs, notes=notes, charts=_charts(p, v, worst) if p.tokens else {})
+                  next_dump=steps, inputs=inputs, notes=notes, charts=_charts(p, v, worst) if p.tokens else {},
+                  tokens=_tokens(rollout, steps[0]["sequence"]) if steps and steps[0]["sequence"] else None)
+
+
+def _tokens(side: logprob_inputs.LogprobSide, sid: str) -> dict | None:
+    """``{"prompt_ids", "response_ids"}`` of one sequence, where the side gave its prompt."""
+    i = side.ids.index(sid) if sid in side.ids else None
+    if i is None or side.prompt_ids is None or side.prompt_ids[i] is None:
+        return None
+    resp = side.token_ids[side.offsets[i]:side.offsets[i + 1]]
+    return {"id": sid, "prompt_ids": list(side.prompt_ids[i]), "response_ids": resp.tolist()}
 
 
 def band_for(rollout, train, dtype: str | None, baseline, notes: list[str]) -> NoiseBand:

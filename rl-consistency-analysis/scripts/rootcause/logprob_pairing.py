@@ -35,6 +35,7 @@ class Paired:
     rollout_top: tuple | None      # (ids [N, k], log-probs [N, k]) where the side gave top-k
     train_top: tuple | None
     rollout_ranks: np.ndarray | None
+    prompt_lengths: np.ndarray | None   # per paired sequence, where a side gave every prompt
     paired_by: str                 # "id" or "order"
     mismatched: tuple[Mismatch, ...]
     rollout_only: tuple[str, ...]
@@ -49,6 +50,12 @@ class Paired:
         lengths = np.diff(self.offsets)
         return np.arange(self.tokens) - np.repeat(self.offsets[:-1], lengths)
 
+    def absolute_position(self) -> np.ndarray | None:
+        """Position in prompt + response of every paired token, where the prompt lengths are known."""
+        if self.prompt_lengths is None:
+            return None
+        return self.position_in_sequence() + np.repeat(self.prompt_lengths, np.diff(self.offsets))
+
     def sequence_of_token(self) -> np.ndarray:
         return np.repeat(np.arange(len(self.ids)), np.diff(self.offsets))
 
@@ -61,6 +68,12 @@ def _gather(side: LogprobSide, order: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     base = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
     return base + np.arange(int(lengths.sum()))
+
+
+def _prompt_lengths(side: LogprobSide, idx: list) -> np.ndarray | None:
+    if side.prompt_ids is None or any(side.prompt_ids[i] is None for i in idx):
+        return None
+    return np.array([len(side.prompt_ids[i]) for i in idx], np.int64)
 
 
 def _top(side: LogprobSide, idx: np.ndarray):
@@ -109,4 +122,6 @@ def pair(rollout: LogprobSide, train: LogprobSide) -> Paired:
     return Paired(ids=tuple(rollout.ids[i] for i in keep_r), offsets=offsets, token_ids=rollout.token_ids[ir],
                   rollout=rollout.logprobs[ir], train=train.logprobs[it], rollout_top=_top(rollout, ir),
                   train_top=_top(train, it), rollout_ranks=None if rollout.ranks is None else rollout.ranks[ir],
+                  prompt_lengths=_prompt_lengths(rollout, keep_r) if rollout.prompt_ids is not None
+                  else _prompt_lengths(train, keep_t),
                   paired_by=by, mismatched=tuple(mismatched), rollout_only=tuple(r_only), train_only=tuple(t_only))

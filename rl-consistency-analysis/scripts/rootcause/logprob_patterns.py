@@ -180,22 +180,29 @@ def from_position(v: View) -> Pattern | None:
 
 
 def grows_with_position(v: View, exclude: set) -> Pattern | None:
+    """|delta| rising with the position: the absolute one (prompt + response) where the prompt
+    lengths are known, as RoPE and the KV cache see it, else the response position."""
     if "from_position" in exclude or v.paired.tokens < _MIN_TOKENS:
         return None
-    per = logprob_metrics.per_position(v.paired, v.delta, v.finite)
-    m, n = per["mean_abs_diff"], per["tokens"]
-    keep = n >= max(1, len(v.paired.ids) // 2)
-    x, y = np.flatnonzero(keep), m[keep]
-    rho = spearman(x, y)
-    if rho is None or x.size < 6:
+    absolute = v.paired.absolute_position()
+    pos = absolute if absolute is not None else v.pos
+    f = v.finite
+    n = np.bincount(pos[f])
+    tot = np.bincount(pos[f], weights=np.abs(v.delta[f]))
+    keep = n >= max(1, min(3, len(v.paired.ids) // 2))
+    x = np.flatnonzero(keep)
+    if x.size < 6:
         return None
+    y = tot[keep] / n[keep]
+    rho = spearman(x.astype(float), y)
     third = max(1, x.size // 3)
     early, late = float(y[:third].mean()), float(y[-third:].mean())
-    late_past = float(v.past[v.pos >= x[-third]].mean())
-    if rho < 0.6 or late < 3 * max(early, 1e-12) or late_past <= ALLOWED_PAST:
+    late_past = float(v.past[pos >= x[-third]].mean())
+    if rho is None or rho < 0.6 or late < 3 * max(early, 1e-12) or late_past <= ALLOWED_PAST:
         return None
     return Pattern("grows_with_position",
-                   {"spearman_position_vs_abs_diff": _r(rho), "mean_abs_diff_first_third": _r(early, 6),
+                   {"position": "prompt + response" if absolute is not None else "response",
+                    "spearman_position_vs_abs_diff": _r(rho), "mean_abs_diff_first_third": _r(early, 6),
                     "mean_abs_diff_last_third": _r(late, 6), "fraction_past_band_last_third": _r(late_past)},
                    "|delta| grows with the position: something position-dependent differs (RoPE theta or scaling, "
                    "position ids, the KV cache, a sliding window). Dump layers 0-1 (rotary embedding, attention) "

@@ -1,14 +1,16 @@
 """The log-prob triage document (logprob_triage.json) and its markdown view (logprob_triage.md)."""
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 from . import report
-from .logprob_judgement import SCHEMA_VERSION, Triage, step_table
+from .logprob_judgement import SCHEMA_VERSION, TOKENS_FILE, Triage, step_table
 
 JSON_NAME = "logprob_triage.json"
 MD_NAME = "logprob_triage.md"
+HTML_NAME = "logprob_triage.html"
 _SEVERITY = {"likely_bug": 2, "undetermined": 1, "precision_noise": 0}
 _MD_METRICS = ("tokens", "sequences", "non_finite_tokens", "log_prob_abs_diff_mean", "log_prob_abs_diff_p99",
                "log_prob_abs_diff_max", "rollout_is_min", "rollout_is_max", "rollout_is_ratio_fraction_low",
@@ -24,7 +26,7 @@ def _section(t: Triage) -> dict:
 def document(triages: list[Triage]) -> dict:
     """The JSON document: the worst step's triage at the top level, every step under ``steps``."""
     worst = max(range(len(triages)), key=lambda i: (_SEVERITY[triages[i].verdict], -i))
-    doc = {"schema_version": SCHEMA_VERSION, **_section(triages[worst])}
+    doc = {"schema_version": SCHEMA_VERSION, **_section(triages[worst]), "next_dump_tokens": triages[worst].tokens}
     if len(triages) > 1:
         first_off = next((i for i, t in enumerate(triages) if t.verdict != "precision_noise"), None)
         doc["step_table"] = step_table(triages)
@@ -85,10 +87,50 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _polyline(values: list, width: int, height: int, top: float, colour: str, dash: str = "") -> str:
+    if not values:
+        return ""
+    step = width / max(1, len(values) - 1)
+    pts = " ".join(f"{i * step:.1f},{height - min(v, top) / top * height:.1f}" for i, v in enumerate(values))
+    dashes = f' stroke-dasharray="{dash}"' if dash else ""
+    return f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"{dashes} points="{pts}"/>'
+
+
+def html_section(doc: dict) -> str:
+    """The log-prob charts as an HTML fragment: |delta| per position of the worst sequences against
+    the band's limit, and the histogram of the log importance ratio."""
+    charts = doc.get("charts") or {}
+    w, h = 600, 160
+    parts = [f"<section id='logprob-triage'><h2>Log-prob triage: {html.escape(doc['verdict'])}</h2>",
+             f"<p>{html.escape(doc['reason'])}</p>"]
+    for s in charts.get("worst_sequences", []):
+        top = max([*s["abs_diff"], *s["band_limit"], 1e-12])
+        parts.append(f"<h3>|delta log-prob| per position, sequence {html.escape(str(s['id']))} "
+                     f"(dashed: noise band limit; top {top:.3g})</h3>"
+                     f"<svg width='{w}' height='{h}' style='border:1px solid #ccc'>"
+                     + _polyline(s["abs_diff"], w, h, top, "#c0392b")
+                     + _polyline(s["band_limit"], w, h, top, "#2c3e50", "4 3") + "</svg>")
+    hist = charts.get("log_ratio_histogram")
+    if hist:
+        counts, edges = hist["counts"], hist["edges"]
+        peak = max(counts) or 1
+        bw = w / len(counts)
+        bars = "".join(f"<rect x='{i * bw:.1f}' y='{h - c / peak * h:.1f}' width='{bw - 1:.1f}' "
+                       f"height='{c / peak * h:.1f}' fill='#2980b9'/>" for i, c in enumerate(counts))
+        parts.append(f"<h3>log importance ratio (train - rollout), {edges[0]} to {edges[-1]}, outer bins "
+                     f"hold everything beyond</h3><svg width='{w}' height='{h}' style='border:1px solid #ccc'>"
+                     f"{bars}</svg>")
+    return "\n".join(parts) + "</section>\n"
+
+
 def write(out_dir: Path, doc: dict) -> Path:
-    """Write both views inside ``out_dir``."""
+    """Write the JSON and its views (markdown, HTML charts) inside ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report._clean(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     path = report.write_text(out_dir / JSON_NAME, text)
     report.write_text(out_dir / MD_NAME, markdown(doc))
+    if doc.get("next_dump_tokens"):
+        report.write_text(out_dir / TOKENS_FILE, json.dumps(doc["next_dump_tokens"]) + "\n")
+    report.write_text(out_dir / HTML_NAME, "<!doctype html><meta charset='utf-8'><title>Log-prob triage</title>"
+                      f"<body>{html_section(doc)}</body>\n")
     return path
