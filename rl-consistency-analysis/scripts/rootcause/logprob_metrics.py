@@ -128,16 +128,22 @@ def topk(p: Paired) -> dict:
     return out
 
 
+def _lagged(p: Paired, lag: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens i that have a partner i + lag in the same sequence, those partners' indices)."""
+    seq = p.sequence_of_token()
+    j = np.arange(p.tokens) + lag
+    ok = (j >= 0) & (j < p.tokens)
+    ok[ok] = seq[j[ok]] == seq[ok]
+    return ok, j[ok]
+
+
 def lag_fit(p: Paired, lags=(-1, 0, 1)) -> dict:
     """Mean |logp_train[i] - logp_rollout[i + lag]| inside each sequence, per lag: the trainer's
     log-probs fit the rollout's better one position off when logits rows and tokens are shifted."""
-    seq = p.sequence_of_token()
     out = {}
     for lag in lags:
-        j = np.arange(p.tokens) + lag
-        ok = (j >= 0) & (j < p.tokens)
-        ok[ok] = seq[j[ok]] == seq[ok]
-        a, b = p.train[ok], p.rollout[j[ok]]
+        ok, j = _lagged(p, lag)
+        a, b = p.train[ok], p.rollout[j]
         fin = np.isfinite(a) & np.isfinite(b)
         out[lag] = float(np.abs(a[fin] - b[fin]).mean()) if fin.any() else None
     return out
@@ -147,12 +153,9 @@ def topk_lag_overlap(p: Paired, lags=(-1, 0, 1)) -> dict:
     """Per lag: fraction of positions whose train top-1 at i is the rollout's top-1 at i + lag."""
     if p.rollout_top is None or p.train_top is None:
         return {}
-    seq = p.sequence_of_token()
     out = {}
     for lag in lags:
-        j = np.arange(p.tokens) + lag
-        ok = (j >= 0) & (j < p.tokens)
-        ok[ok] = seq[j[ok]] == seq[ok]
-        a, b = p.train_top[0][ok, 0], p.rollout_top[0][j[ok], 0]
+        ok, j = _lagged(p, lag)
+        a, b = p.train_top[0][ok, 0], p.rollout_top[0][j, 0]
         out[lag] = float((a == b).mean()) if a.size else None
     return out
