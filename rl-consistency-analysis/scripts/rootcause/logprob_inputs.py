@@ -290,6 +290,8 @@ def _json_records(path: Path, text: str) -> list:
     try:
         doc = json.loads(text)
         return doc if isinstance(doc, list) else [doc]
+    except RecursionError:
+        _fail(path, "JSON nested too deeply")
     except ValueError:
         pass
     records = []
@@ -413,5 +415,5 @@ def read(path, side: str, tensorio=None) -> LogprobSide:
         return _classify(path, _json_records(path, text))
     except LogprobInputError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
         _fail(path, f"malformed log-prob records ({type(exc).__name__}: {exc})")

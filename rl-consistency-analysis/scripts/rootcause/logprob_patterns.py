@@ -210,27 +210,30 @@ def grows_with_position(v: View, exclude: set) -> Pattern | None:
 
 
 def _temperature_fit(v: View) -> dict | None:
-    """Fit logp_train = logp_rollout / T + c over the top-k entries both sides list at a position."""
+    """Fit logp_train = logp_rollout / T + c (c per position) over the top-k entries both sides list."""
     if v.paired.rollout_top is None or v.paired.train_top is None:
         return None
     (ri, rl), (ti, tl) = v.paired.rollout_top, v.paired.train_top
-    xs, ys = [], []
-    for a_ids, a_lp, b_ids, b_lp in zip(ri, rl, ti, tl):
-        common, ia, ib = np.intersect1d(a_ids[a_ids >= 0], b_ids[b_ids >= 0], return_indices=True)
-        if common.size >= 2:
-            x, y = a_lp[a_ids >= 0][ia], b_lp[b_ids >= 0][ib]
-            if np.isfinite(x).all() and np.isfinite(y).all():
-                xs.append(x - x.mean())
-                ys.append(y - y.mean())
-    if len(xs) < 10:
+    match = (ri[:, :, None] == ti[:, None, :]) & (ri[:, :, None] >= 0)        # [N, k_r, k_t]
+    shared = match.any(axis=2) & np.isfinite(rl)
+    y_all = np.where(match, np.nan_to_num(tl, neginf=0.0)[:, None, :], 0.0).sum(axis=2)
+    shared &= np.isfinite(y_all)
+    cnt = shared.sum(axis=1)
+    rows = cnt >= 2
+    if rows.sum() < 10:
         return None
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    if not (x @ x) > 0:
+    sh, c = shared[rows], cnt[rows][:, None]
+    x = np.where(sh, rl[rows], 0.0)
+    y = np.where(sh, y_all[rows], 0.0)
+    x = np.where(sh, x - x.sum(axis=1, keepdims=True) / c, 0.0)
+    y = np.where(sh, y - y.sum(axis=1, keepdims=True) / c, 0.0)
+    xx = float((x * x).sum())
+    if not xx > 0:
         return None
-    slope = float(x @ y / (x @ x))
+    slope = float((x * y).sum()) / xx
     resid = y - slope * x
-    r2 = 1.0 - float(resid @ resid) / max(float(y @ y), 1e-30)
-    return {"slope": slope, "r2": r2, "positions": len(xs)}
+    r2 = 1.0 - float((resid * resid).sum()) / max(float((y * y).sum()), 1e-30)
+    return {"slope": slope, "r2": r2, "positions": int(rows.sum())}
 
 
 def temperature(v: View) -> Pattern | None:
