@@ -283,7 +283,7 @@ def test_pt_file_without_an_rl_batch_exits_2_naming_it(tmp_path, name, problem):
 
 
 def test_pt_rl_batch_is_read_through_the_safe_reader():
-    side = logprob_inputs.read(_side(DATA / "stale_weight", "train"), "train", logprob_cli._tensorio())
+    side = logprob_inputs.read(_side(DATA / "stale_weight", "train"), "train", logprob_cli._tensorio)
     assert side.format == "rl_batch_pt" and side.sequences == 6 and np.isfinite(side.logprobs).all()
 
 

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import (credence, evidence, logprob_cli, logprob_inputs, logprob_noise, logprob_report, report, sibling,
+from . import (credence, evidence, files, logprob_cli, logprob_inputs, logprob_noise, logprob_report, report, sibling,
                triage)
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
         if "logprob_triage" in doc:
             page = page.replace("</body>", logprob_report.html_section(doc["logprob_triage"]) + "</body>", 1)
-        report.write_text(out / report.HTML, page)
+        files.write_text(out / report.HTML, page)
     except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, logprob_inputs.LogprobInputError,
             logprob_noise.NoiseBandError) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)

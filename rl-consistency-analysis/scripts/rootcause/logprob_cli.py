@@ -65,7 +65,7 @@ def _tensorio():
 
 def triage(rollouts: list[str], trains: list[str], bounds, baseline=None, dtype=None) -> dict:
     """The triage document of one or several (rollout, train) file pairs."""
-    tio = _tensorio()
+    tio = _tensorio
     base = None
     if baseline:
         base = (logprob_inputs.read(baseline[0], "rollout", tio), logprob_inputs.read(baseline[1], "train", tio))

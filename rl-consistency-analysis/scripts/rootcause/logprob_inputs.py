@@ -359,7 +359,8 @@ def _npz(path: Path, side: str) -> LogprobSide:
     return _batch(path, "rl_batch_npz", arrays, side)
 
 
-def _pt(path: Path, side: str, tensorio) -> LogprobSide:
+def _pt(path: Path, side: str, tensor_reader) -> LogprobSide:
+    tensorio = tensor_reader() if tensor_reader else None
     if tensorio is None:
         _fail(path, "a torch .pt file, but the safe reader of the sibling compare skill is missing")
     try:
@@ -381,10 +382,11 @@ def _parquet(path: Path) -> LogprobSide:
     return _generic(path, table.to_pylist())
 
 
-def read(path, side: str, tensorio=None) -> LogprobSide:
+def read(path, side: str, tensor_reader=None) -> LogprobSide:
     """One side's log-probs from ``path`` (``side`` is "train" or "rollout": it picks the RL-batch key).
 
-    ``tensorio`` is the sibling compare skill's safe tensor reader, needed only for ``.pt`` files.
+    ``tensor_reader()`` returns the sibling compare skill's safe tensor reader module (or None); it is
+    called only for a ``.pt`` file.
     Raises LogprobInputError with a one-line message naming the file.
     """
     path = Path(path)
@@ -396,7 +398,7 @@ def read(path, side: str, tensorio=None) -> LogprobSide:
                 import zipfile
                 names = zipfile.ZipFile(fh).namelist()
             if any(n.endswith("/data.pkl") for n in names):
-                return _pt(path, side, tensorio)
+                return _pt(path, side, tensor_reader)
             return _npz(path, side)
         if magic.startswith(_PARQUET):
             return _parquet(path)

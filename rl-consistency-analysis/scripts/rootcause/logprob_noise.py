@@ -76,7 +76,7 @@ def precision_of(rollout_meta: dict, train_meta: dict, override: str | None = No
     return ("bf16" if "bf16" in words else "fp32"), None
 
 
-def _envelope(q: list[float | None], floor: float) -> tuple[float, ...]:
+def _monotone(q: list[float | None], floor: float) -> tuple[float, ...]:
     """Monotone in surprisal (noise does not shrink for less likely tokens), empty bins filled from
     the bin below, never under the floor."""
     out, last = [], floor
@@ -128,8 +128,9 @@ def envelope(per_model: list[dict]) -> dict:
 
 
 def band_of(numbers: dict, precision: str, source: str) -> NoiseBand:
+    """The band of measured numbers (:func:`measure` or :func:`envelope`): monotone, floored."""
     return NoiseBand(source=source, precision=precision,
-                     q99=_envelope([b["abs_diff_p99"] for b in numbers["bins"]], FLOOR[precision]),
+                     q99=_monotone([b["abs_diff_p99"] for b in numbers["bins"]], FLOOR[precision]),
                      tokens=tuple(b["tokens"] for b in numbers["bins"]),
                      top1_disagreement=numbers.get("top1_disagreement"), mean_abs_diff=numbers.get("abs_diff_mean"))
 

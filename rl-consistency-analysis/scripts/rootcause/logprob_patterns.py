@@ -135,19 +135,49 @@ def prefill_decode_jump(v: View) -> Pattern | None:
                    "the prefill's last row against the trainer's row P-1)", {"position": 0})
 
 
+_FINE = 8192
+
+
 def _best_split(hits: np.ndarray, totals: np.ndarray | None = None) -> tuple[int, float, float] | None:
     """Split of an ordered series of past-band counts (over ``totals`` items each; one item each
-    when None) maximising (rate after - rate before), with at least 3 entries on each side."""
+    when None) maximising (rate after - rate before), with at least 3 entries on each side.
+
+    Long series are searched coarse to fine: the best split between blocks of about n/4096 entries,
+    then every split within a block of it."""
     n = hits.size
     if n < 6:
         return None
-    c = np.cumsum(hits, dtype=np.float64)
-    w = np.arange(1, n + 1, dtype=np.float64) if totals is None else np.cumsum(totals, dtype=np.float64)
-    c_k, w_k = c[2:n - 3], w[2:n - 3]           # prefix sums up to and including entry k-1, k = 3..n-3
-    before = c_k / np.maximum(w_k, 1e-12)
-    after = (c[-1] - c_k) / np.maximum(w[-1] - w_k, 1e-12)
+    if n <= _FINE:
+        return _split_between(hits, totals, 0, n, 0.0, 0.0)
+    size = -(-n // 4096)
+    starts = np.arange(0, n, size)
+    block_totals = np.diff(np.append(starts, n)) if totals is None else np.add.reduceat(totals, starts)
+    coarse = _split_between(np.add.reduceat(hits, starts, dtype=np.float64), block_totals, 0, starts.size, 0.0, 0.0)
+    if coarse is None:
+        return None
+    lo, hi = int(starts[max(coarse[0] - 1, 0)]), min(n, int(starts[coarse[0]]) + size)
+    c0 = float(hits[:lo].sum())
+    w0 = float(lo if totals is None else totals[:lo].sum())
+    return _split_between(hits, totals, lo, hi, c0, w0)
+
+
+def _split_between(hits, totals, lo: int, hi: int, c0: float, w0: float) -> tuple[int, float, float] | None:
+    """The best split k in [max(lo, 3), min(hi, n - 3)] (c0, w0: sums of the entries before lo)."""
+    n = hits.size
+    c = c0 + np.cumsum(hits[lo:hi], dtype=np.float64)
+    w = w0 + (np.arange(1, hi - lo + 1, dtype=np.float64) if totals is None
+              else np.cumsum(totals[lo:hi], dtype=np.float64))
+    c_all = c0 + float(hits[lo:].sum()) if hi < n else float(c[-1])
+    w_all = (w0 + float(n - lo) if totals is None else w0 + float(totals[lo:].sum())) if hi < n else float(w[-1])
+    k = np.arange(lo + 1, hi + 1)                   # split before entry k: entries lo..k-1 summed in c
+    ok = (k >= 3) & (k <= n - 3)
+    if not ok.any():
+        return None
+    c, w, k = c[ok], w[ok], k[ok]
+    before = c / np.maximum(w, 1e-12)
+    after = (c_all - c) / np.maximum(w_all - w, 1e-12)
     i = int(np.argmax(after - before))
-    return i + 3, float(before[i]), float(after[i])
+    return int(k[i]), float(before[i]), float(after[i])
 
 
 def from_position(v: View) -> Pattern | None:

@@ -5,7 +5,7 @@ import html
 import json
 from pathlib import Path
 
-from . import report
+from . import files
 from .logprob_judgement import SCHEMA_VERSION, TOKENS_FILE, Triage, step_table
 
 JSON_NAME = "logprob_triage.json"
@@ -126,11 +126,11 @@ def html_section(doc: dict) -> str:
 def write(out_dir: Path, doc: dict) -> Path:
     """Write the JSON and its views (markdown, HTML charts) inside ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(report._clean(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
-    path = report.write_text(out_dir / JSON_NAME, text)
-    report.write_text(out_dir / MD_NAME, markdown(doc))
+    text = json.dumps(files.json_safe(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    path = files.write_text(out_dir / JSON_NAME, text)
+    files.write_text(out_dir / MD_NAME, markdown(doc))
     if doc.get("next_dump_tokens"):
-        report.write_text(out_dir / TOKENS_FILE, json.dumps(doc["next_dump_tokens"]) + "\n")
-    report.write_text(out_dir / HTML_NAME, "<!doctype html><meta charset='utf-8'><title>Log-prob triage</title>"
+        files.write_text(out_dir / TOKENS_FILE, json.dumps(doc["next_dump_tokens"]) + "\n")
+    files.write_text(out_dir / HTML_NAME, "<!doctype html><meta charset='utf-8'><title>Log-prob triage</title>"
                       f"<body>{html_section(doc)}</body>\n")
     return path

@@ -5,19 +5,15 @@ The markdown report is the agent's job (references/report_template.md), not this
 from __future__ import annotations
 
 import json
-import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from . import explain, sides, triage
+from .files import json_safe, write_text
 from .evidence import Evidence
 from .triage import Triage
 
 SCHEMA_VERSION = "2.0"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
@@ -25,16 +21,6 @@ HTML = "report.html"
 _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "train_module", "rollout_module",
          "layer", "role", "confidence", "confidence_word", "confidence_notes", "evidence", "hypotheses",
          "next_checks", "side_evidence", "config_keys", "rules_fired")
-
-
-def _clean(obj):
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
-    return obj
 
 
 def _finding(ev: Evidence, f: dict, reach: bool | None) -> dict:
@@ -88,26 +74,11 @@ def write(out_dir: Path, doc: dict) -> Path:
     The compare step already removes both output_5 files when it rewrites output_1..4; this covers
     ``--reuse-outputs``, where it does not run.
     """
-    text = json.dumps(_clean(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    text = json.dumps(json_safe(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     path = write_text(out_dir / REPORT, text)
     stale = out_dir / AGENT_REPORT
     if stale.is_symlink() or stale.is_file():
         stale.unlink()
-    return path
-
-
-def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp makes 0600; the report is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path
 
 
