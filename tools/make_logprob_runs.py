@@ -111,8 +111,10 @@ def _midgen_sync(worker):
 
 
 def _prefill_only(worker):
-    """Wrap execute_model: on calls that run more than one token (the prefills) layer 1's
-    post-attention norm weight is scaled, and restored after: a kernel only the prefill path uses."""
+    """Wrap execute_model: on calls that run more than one token (the prefills) the final norm's
+    weight is scaled, and restored after: a kernel only the prefill path uses. The final norm feeds
+    only the logits, so the KV cache stays right and only the prefill's last row moves (a fault
+    earlier in the network would reach every later token through the KV cache)."""
     import torch
 
     runner = worker.model_runner
@@ -120,7 +122,7 @@ def _prefill_only(worker):
 
     def execute_model(scheduler_output, *a, **kw):
         prefill = scheduler_output.total_num_scheduled_tokens > 1
-        w = runner.model.model.layers[1].post_attention_layernorm.weight
+        w = runner.model.model.norm.weight
         if prefill:
             with torch.no_grad():
                 w.mul_(1.5)
@@ -362,12 +364,12 @@ def main() -> int:
     case("rope_scaling_rollout", "vllm-cpu", vout, recs,
          {"fault": "vLLM linear rope scaling 1.02 via hf_overrides, checkpoint none", "verdict": "likely_bug",
           "patterns": ["grows_with_position"]})
-    # 5. the prefill path differs: layer 1's post-attention norm is scaled in prefill calls only, so
-    #    only the first response token of each request (predicted by the prefill's last row) moves.
+    # 5. the prefill path differs: the final norm is scaled in prefill calls only, so only the first
+    #    response token of each request (predicted by the prefill's last row) moves.
     vout = vllm_once(work, "sharp_fp32_prefill", model=mdir, dtype="float32", temperature=1.0, prefill_only=True)
     recs, _ = score(mdir, "fp32", rows_of_vllm(vout), 1.0)
     case("prefill_path_differs", "vllm-cpu", vllm_to_generic(vout, "fp32"), recs,
-         {"fault": "layers.1.post_attention_layernorm.weight x1.5 in vLLM prefill calls only", "verdict": "likely_bug",
+         {"fault": "model.norm.weight x1.5 in vLLM prefill calls only", "verdict": "likely_bug",
           "patterns": ["prefill_decode_jump"]}, fmt=("jsonl", "jsonl"))
     # Trainer-side faults on the clean bf16 rollout.
     vout = work / "sharp_bf16.vllm.jsonl"
