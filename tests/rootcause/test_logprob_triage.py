@@ -36,7 +36,8 @@ def test_corpus_covers_clean_pairs_and_faults():
     expected = [json.loads((DATA / c / "case.json").read_text()) for c in CASES]
     assert {e["dtype"] for e in expected if e["fault"] is None} == {"fp32", "bf16"}
     faults = {p for e in expected for p in e["patterns"]}
-    assert {"temperature", "from_position", "uniform_offset", "position_shift", "token_mismatch"} <= faults
+    assert {"temperature", "from_position", "uniform_offset", "position_shift", "token_mismatch", "grows_with_position",
+            "prefill_decode_jump", "sequence_end_gaps"} <= faults
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -314,3 +315,12 @@ def test_clean_pair_is_noise_under_a_band_measured_without_it(case):
     t = logprob_inputs.read(_side(DATA / case, "train"), "train")
     tri = logprob_judgement.judge(r, t, (0.5, 2.0), band, [])
     assert tri.verdict == "precision_noise", (tri.reason, [p["name"] for p in tri.patterns])
+
+
+def test_the_closed_pattern_list_is_the_published_one():
+    from rootcause import logprob_patterns
+    text = (REPO / "rl-consistency-analysis" / "references" / "logprob_triage.md").read_text()
+    table = {line.split("`")[1] for line in text.splitlines() if line.startswith("| `")}
+    assert set(logprob_patterns.NAMES) <= table
+    for case in CASES:
+        assert set(json.loads((DATA / case / "case.json").read_text())["patterns"]) <= set(logprob_patterns.NAMES)

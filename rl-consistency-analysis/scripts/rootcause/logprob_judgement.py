@@ -16,7 +16,6 @@ from .logprob_noise import ALLOWED_PAST, NoiseBand
 from .logprob_pairing import Paired
 
 SCHEMA_VERSION = "1.0"
-VERDICTS = ("precision_noise", "likely_bug", "undetermined")
 MIN_TOKENS = 20
 _WORST = 5
 CONFIG_CMD = 'python3 "<skill_root>/scripts/make_dump_config.py" --out config.json --dump-path <dump dir>'

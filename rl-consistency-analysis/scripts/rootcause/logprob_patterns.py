@@ -309,7 +309,7 @@ def logit_scale(v: View, exclude: set) -> Pattern | None:
 
 def gaps(v: View, exclude: set) -> Pattern | None:
     """A few tokens with huge gaps and the rest clean: sequence_end_gaps or sparse_gaps."""
-    if exclude & {"position_shift", "from_position"}:
+    if exclude & {"position_shift", "from_position", "prefill_decode_jump"}:
         return None
     ad = np.abs(np.where(v.finite, v.delta, 0.0))
     gap = ~v.finite | (ad > _GAP_FACTOR * v.limit)
