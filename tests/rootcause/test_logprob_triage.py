@@ -324,3 +324,16 @@ def test_the_closed_pattern_list_is_the_published_one():
     assert set(logprob_patterns.NAMES) <= table
     for case in CASES:
         assert set(json.loads((DATA / case / "case.json").read_text())["patterns"]) <= set(logprob_patterns.NAMES)
+
+
+def test_root_cause_run_stops_on_a_bad_logprob_file_before_the_compare_step(tmp_path):
+    ex = REPO / "examples" / "hf_train_vs_vllm_rollout"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"),
+                          "--train", str(ex / "train"), "--rollout", str(ex / "rollout"), "--out-dir", str(out),
+                          "--rollout-logprobs", str(bad), "--train-logprobs", _side(DATA / "stale_weight", "train")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and str(bad) in res.stderr and res.stderr.count("\n") == 1
+    assert not out.exists() or not list(out.glob("output_*"))

@@ -112,13 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script = sibling.locate(SKILL_ROOT)
         credence.scale()        # fail before the long compare step when the scale is missing
+        # The log-prob files are read first too: a bad one stops the run before the compare step.
+        logprobs = (logprob_cli.triage([args.rollout_logprobs], [args.train_logprobs], (0.5, 2.0))
+                    if args.rollout_logprobs else None)
         if not args.reuse_outputs:
             sibling.run(script, _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
         tri = triage.run(ev)
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
-        if args.rollout_logprobs and args.train_logprobs:
-            doc["logprob_triage"] = logprob_cli.triage([args.rollout_logprobs], [args.train_logprobs], (0.5, 2.0))
+        if logprobs:
+            doc["logprob_triage"] = logprobs
         report.write(out, doc)
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
         if "logprob_triage" in doc:
