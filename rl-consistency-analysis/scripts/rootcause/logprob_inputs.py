@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import numpy as np
 _ZIP = b"PK\x03\x04"
 _PARQUET = b"PAR1"
 _NPY = b"\x93NUMPY"
-# Log-prob keys of RL batches (verl DataProto / slime / OpenRLHF): each side takes its own.
+# Log-prob keys of RL batches (verl DataProto names, singular forms as verl's rollout-correction
+# arguments spell them, then generic names): each side takes its own.
 TRAIN_KEYS = ("old_log_probs", "old_log_prob", "log_probs", "logprobs")
 ROLLOUT_KEYS = ("rollout_log_probs", "rollout_log_prob", "log_probs", "logprobs")
 _OTHER_SIDE = {"train": ROLLOUT_KEYS[:2], "rollout": TRAIN_KEYS[:2]}
@@ -394,9 +396,8 @@ def read(path, side: str, tensor_reader=None) -> LogprobSide:
         with open(path, "rb") as fh:
             magic = fh.read(8)
         if magic.startswith(_ZIP):
-            with open(path, "rb") as fh:
-                import zipfile
-                names = zipfile.ZipFile(fh).namelist()
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
             if any(n.endswith("/data.pkl") for n in names):
                 return _pt(path, side, tensor_reader)
             return _npz(path, side)
