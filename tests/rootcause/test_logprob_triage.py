@@ -337,3 +337,26 @@ def test_root_cause_run_stops_on_a_bad_logprob_file_before_the_compare_step(tmp_
                          capture_output=True, text=True)
     assert res.returncode == 2 and str(bad) in res.stderr and res.stderr.count("\n") == 1
     assert not out.exists() or not list(out.glob("output_*"))
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=4),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                         st.sampled_from(["id", "token_ids", "logprobs", "top_logprobs", "outputs", "meta_info",
+                                          "choices", "output_token_logprobs", "logprobs_mode", "token_id", "logprob",
+                                          "content", "token", "request_id", "prompt_token_ids"]), inner, max_size=5),
+                     max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(_JSON, min_size=1, max_size=3))
+def test_any_json_is_read_or_refused_with_one_line(tmp_path_factory, records):
+    f = tmp_path_factory.mktemp("fuzz") / "side.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    try:
+        side = logprob_inputs.read(f, "rollout")
+    except logprob_inputs.LogprobInputError as exc:
+        assert "\n" not in str(exc) and str(f) in str(exc)
+    else:
+        assert side.token_ids.size == side.logprobs.size == side.offsets[-1]
