@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "real engines, the patterns of references/logprob_triage.md, and what to dump next. Writes "
                     "DIR/logprob_triage.json and DIR/logprob_triage.md.",
         epilog=_HELP_FORMATS + " Exit codes: 0 the triage ran (any verdict); 1 with --fail-on-finding when the "
-               "verdict is not precision_noise; 2 usage or input error (one line naming the file).")
+               "verdict is not precision_noise, or an internal error (one line); 2 usage or input error (one line naming "
+               "the file).")
     ap.add_argument("--rollout", required=True, nargs="+", metavar="FILE",
                     help="the rollout's log-probs; several files (one per step) give a per-step table")
     ap.add_argument("--train", required=True, nargs="+", metavar="FILE",
