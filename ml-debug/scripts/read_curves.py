@@ -17,7 +17,7 @@ Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,6 +44,9 @@ class Curve:
     findings: list[Finding] = field(default_factory=list)
     quote_row: LogRow | None = None  # the first anomaly's row, else the last row
     note: str = ""  # why a set value was not judged
+    fault_step: float | None = None  # where a NONFINITE or DIVERGE finding starts, if any
+    spike_steps: dict[int, float] = field(default_factory=dict)  # id of a SPIKE finding -> its step
+    resolution: float = 0.0  # one unit of the last printed digit
 
 
 def pick_points(steps: np.ndarray, by_step: bool) -> dict[str, int]:
@@ -64,21 +67,51 @@ def is_set_value(name: str, expect_constant: set[str]) -> bool:
     return bool(SCHEDULED.search(name)) or name in expect_constant
 
 
-def step_noise(values: np.ndarray) -> float:
-    """Robust size of the step-to-step noise: scaled MAD of first differences over sqrt(2)."""
+def last_digit(value: float) -> float:
+    """One unit of the last digit of the shortest decimal form of `value` (0.69 -> 0.01, 1.2e-05 -> 1e-06).
+
+    A parsed float keeps the digits it was printed with (the shortest repr reproduces them), so
+    this is the printed resolution, less any trailing zeros the printer wrote.
+    """
+    text = repr(float(value)).lower()
+    mantissa, _, exponent = text.partition("e")
+    decimals = len(mantissa.partition(".")[2].rstrip("0"))
+    return 10.0 ** (int(exponent or 0) - decimals)
+
+
+def printed_resolution(values: np.ndarray) -> float:
+    """The resolution a metric was printed at: the median unit of the last digit over its values.
+
+    The median, because a value that happens to end in zeros (0.70 printed, 0.7 read) has a coarser
+    last digit than the printer used; full-precision floats give a negligible resolution.
+    """
+    if values.size == 0:
+        return 0.0
+    return float(np.median([last_digit(v) for v in values]))
+
+
+def step_noise(values: np.ndarray, resolution: float = 0.0) -> float:
+    """Robust size of the step-to-step noise: scaled MAD of first differences over sqrt(2).
+
+    Values printed to a fixed resolution cannot show noise below it: the rounding error alone is
+    uniform over one unit (standard deviation resolution / sqrt(12)), which is the floor.
+    """
     if len(values) < 3:
         return 0.0
     d = np.diff(values)
     noise = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2)
     # Rounding in a smooth curve is not noise; below a billionth of the values' size it counts as none.
-    return noise if noise > 1e-9 * float(np.max(np.abs(values))) else 0.0
+    noise = noise if noise > 1e-9 * float(np.max(np.abs(values))) else 0.0
+    return max(noise, resolution / np.sqrt(12))
 
 
-def spikes(values: np.ndarray, z_limit: float) -> list[tuple[int, float, float, float]]:
+def spikes(values: np.ndarray, z_limit: float, resolution: float = 0.0) -> list[tuple[int, float, float, float]]:
     """Points far from the median of their neighbours: (index, robust z, neighbours' median, scale).
 
     A centred running median follows any monotone trend exactly, so a fast early descent or a step
-    change leaves no residual; only a point that jumps away from both sides does.
+    change leaves no residual; only a point that jumps away from both sides does. The scale never
+    falls below the printed `resolution`: on values printed to k decimals most residuals are exactly
+    zero, so without the floor a move of one unit in the last digit would look enormous.
     """
     half = 3
     n = len(values)
@@ -87,7 +120,7 @@ def spikes(values: np.ndarray, z_limit: float) -> list[tuple[int, float, float, 
     resid = np.array([values[i] - np.median(values[i - half:i + half + 1]) for i in range(half, n - half)])
     value_range = float(np.ptp(values))
     # The floor keeps a noiseless curve's kinks (a warmup peak, a V) from counting as spikes.
-    scale = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-2 * value_range)
+    scale = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-2 * value_range, resolution)
     if scale == 0:
         return []
     z = np.abs(resid) / scale
@@ -135,6 +168,9 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
     points = {k: (float(fsteps[i]), float(fvals[i]), frows[i]) for k, i in idx.items()}
     lo, hi = int(np.argmin(fvals)), int(np.argmax(fvals))
     tail = flat_tail(fvals)
+    resolution = printed_resolution(fvals)
+    fault_step = float(steps[bad[0]]) if bad.size else None
+    spike_steps: dict[int, float] = {}
     note = ""
     if set_value:
         note = (f"{name} is a set value (schedule or --expect-constant): "
@@ -142,25 +178,62 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
                    else f"ranges {fmt_num(fvals[lo])} to {fmt_num(fvals[hi])}")
                 + "; not judged for flat, spike or divergence")
     else:
-        for i, z, around, scale in spikes(fvals, spike_z)[:3]:
+        for i, z, around, scale in spikes(fvals, spike_z, resolution)[:3]:
             findings.append(Finding(path, frows[i].line, "SPIKE",
                                     f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
                                     f"against {fmt_num(around)} around it (robust z {z:.0f}, noise scale "
                                     f"{fmt_num(scale)})"))
+            spike_steps[id(findings[-1])] = float(fsteps[i])
         if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
             where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
             findings.append(Finding(path, frows[-tail].line, "FLAT",
                                     f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
-        findings += divergence(path, name, fsteps, fvals, frows, lower_better)
+        diverged, onset = divergence(path, name, fsteps, fvals, frows, lower_better, resolution)
+        findings += diverged
+        if onset is not None:
+            fault_step = onset if fault_step is None else min(fault_step, onset)
     by_line = {r.line: r for r in rows}
     quote_row = by_line[findings[0].line] if findings else frows[-1]
     return Curve(name, len(values), points, (float(fvals[lo]), float(fsteps[lo])),
-                 (float(fvals[hi]), float(fsteps[hi])), findings, quote_row, note)
+                 (float(fvals[hi]), float(fsteps[hi])), findings, quote_row, note, fault_step, spike_steps,
+                 resolution)
+
+
+def after_the_fault(curves: list[Curve]) -> list[Curve]:
+    """Curves without the SPIKEs that come at or after another metric's fault (NONFINITE or DIVERGE).
+
+    Once one metric blows up or ends far above its best, the others move because of it (a reward
+    dips, a gradient norm jumps): those moves are the fault seen again, not a second problem, and
+    reporting them sends the reader after echoes. Each one set aside is named in the curve's note.
+    """
+    faults = [(c.fault_step, c.name) for c in curves if c.fault_step is not None]
+    if not faults:
+        return curves
+    out = []
+    for c in curves:
+        earlier = [(step, name) for step, name in faults if name != c.name]
+        if not earlier or not c.spike_steps:
+            out.append(c)
+            continue
+        onset, cause = min(earlier)
+        echoes = [f for f in c.findings if f.rule == "SPIKE" and c.spike_steps[id(f)] >= onset]
+        if not echoes:
+            out.append(c)
+            continue
+        kept = [f for f in c.findings if f not in echoes]
+        steps = ", ".join(fmt_num(c.spike_steps[id(f)]) for f in echoes)
+        note = "; ".join(n for n in (c.note, f"{c.name} moves at step(s) {steps}, after {cause}'s fault starts "
+                                     f"at step {fmt_num(onset)}: read as its effect, not judged as a spike") if n)
+        out.append(replace(c, findings=kept, note=note))
+    return out
 
 
 def divergence(path: str, name: str, steps: np.ndarray, values: np.ndarray, rows: list[LogRow],
-               lower_better: bool) -> list[Finding]:
+               lower_better: bool, resolution: float = 0.0) -> tuple[list[Finding], float | None]:
     """Blow-up of magnitude at the end, or a lower-is-better metric ending clearly above its start.
+
+    Returns the findings and the step where the fault starts (None when there is none): the last
+    step still within twice the typical size for a blow-up, the best step for a rise.
 
     Both are judged against the metric's own scale and noise, so a loss that hovers around zero
     (GRPO's, say) is not diverging when it ends a little above where it started: the start and end
@@ -169,32 +242,37 @@ def divergence(path: str, name: str, steps: np.ndarray, values: np.ndarray, rows
     """
     n = len(values)
     if n < 5:
-        return []
+        return [], None
     w = max(1, n // 10)
-    noise = step_noise(values)
+    noise = step_noise(values, resolution)
     first_half = values[: max(1, n // 2)]
     head_scale = max(float(np.median(np.abs(first_half))),
                      1.4826 * float(np.median(np.abs(first_half - np.median(first_half)))), noise)
     peak = float(np.max(np.abs(values[-w:])))
     if head_scale > 0 and peak > 10 * head_scale:
+        calm = np.flatnonzero(np.abs(values) <= 2 * head_scale)
+        onset = float(steps[calm[-1]]) if calm.size else float(steps[0])
         return [Finding(path, rows[-1].line, "DIVERGE",
                         f"{name} reaches {fmt_num(peak)} in the last {w} point(s), {peak / head_scale:.0f}x "
                         f"its typical size in the first half ({fmt_num(head_scale)}, the larger of its "
-                        f"median magnitude, spread and step-to-step noise)")]
+                        f"median magnitude, spread and step-to-step noise)")], onset
     if not lower_better:
-        return []
+        return [], None
     start, end = float(np.median(values[:w])), float(np.median(values[-w:]))
     # Standard error of a median of w noisy points is about 1.25 noise / sqrt(w); of a difference, x sqrt(2).
     margin = max(4 * 1.25 * noise * np.sqrt(2 / w), 0.01 * abs(start))
     if end - start <= margin:
-        return []
+        return [], None
     best = int(np.argmin(values))
-    noise_text = f"{(end - start) / noise:.0f}x its step-to-step noise {fmt_num(noise)}" if noise > 0 \
-        else "with no step-to-step noise"
+    floor = resolution / np.sqrt(12)
+    noise_text = (f"{(end - start) / noise:.0f}x the rounding of its printed resolution {fmt_num(resolution)}"
+                  if noise > 0 and noise == floor else
+                  f"{(end - start) / noise:.0f}x its step-to-step noise {fmt_num(noise)}" if noise > 0
+                  else "with no step-to-step noise")
     return [Finding(path, rows[-1].line, "DIVERGE",
                     f"{name} ends at {fmt_num(end)} (median of the last {w} point(s)), "
                     f"{fmt_num(end - start)} above its start {fmt_num(start)} ({noise_text}), after "
-                    f"reaching {fmt_num(values[best])} at step {fmt_num(steps[best])}")]
+                    f"reaching {fmt_num(values[best])} at step {fmt_num(steps[best])}")], float(steps[best])
 
 
 def backwards_steps(log: MetricLog, step_key: str | None) -> list[Finding]:
@@ -279,7 +357,7 @@ def main() -> int:
     parser.add_argument("--p1-table", action="store_true", help="print the pre-filled P1 table")
     args = parser.parse_args()
     findings: list[Finding] = []
-    texts, per_file = [], []
+    texts, per_file, reads = [], [], []
     extra_lower = {m.strip() for m in args.lower_better.split(",") if m.strip()}
     expect_constant = {m.strip() for m in args.expect_constant.split(",") if m.strip()}
     for path in args.files:
@@ -289,9 +367,10 @@ def main() -> int:
         missing = [m for m in names if m not in log.keys()]
         if missing:
             raise InputError(f"{path}: metric(s) not in log: {', '.join(missing)}")
-        curves = [c for m in names if (c := analyse(log, m, step_key, args.spike_z,
-                                                      bool(LOWER_IS_BETTER.search(m)) or m in extra_lower,
-                                                      is_set_value(m, expect_constant)))]
+        curves = after_the_fault([c for m in names if (c := analyse(
+            log, m, step_key, args.spike_z, bool(LOWER_IS_BETTER.search(m)) or m in extra_lower,
+            is_set_value(m, expect_constant)))])
+        reads.append(log.read_summary(step_key, names))
         file_findings = backwards_steps(log, step_key) + [f for c in curves for f in c.findings]
         findings += file_findings
         texts.append(p1_table(curves) if args.p1_table else summary_table(log, curves, step_key))
@@ -304,7 +383,7 @@ def main() -> int:
                                               **{k: {"step": v[0], "value": v[1], "line": v[2].line}
                                                  for k, v in c.points.items()}} for c in curves},
                          "p1_table": p1_table(curves)})
-    return report(TOOL, args.files, findings, args.json, {"logs": per_file}, "\n\n".join(texts))
+    return report(TOOL, args.files, findings, args.json, {"logs": per_file}, "\n\n".join(texts), reads)
 
 
 if __name__ == "__main__":
