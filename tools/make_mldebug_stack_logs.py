@@ -126,7 +126,10 @@ def run_dpo(out: Path, work: Path, beta: float) -> None:
     args = DPOConfig(output_dir=str(work / f"dpo{beta}"), max_steps=30, logging_steps=2, beta=beta,
                      per_device_train_batch_size=8, learning_rate=1e-3, report_to="none",
                      save_strategy="no", seed=0, max_length=40, use_cpu=True)
-    DPOTrainer(model=tiny_gpt2(), args=args, train_dataset=Dataset.from_dict(rows),
+    import copy
+    model = tiny_gpt2()
+    # A model built here has no hub path for TRL to load a reference from, so the frozen copy is given.
+    DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=Dataset.from_dict(rows),
                processing_class=tok).train()
 
 

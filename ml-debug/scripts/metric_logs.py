@@ -2,7 +2,8 @@
 """Read a training metrics log as it really is: mixed text, CSV exports, or TensorBoard events.
 
 A text log (JSONL or not) is read line by line: a JSON object, a Python dict as the Hugging Face
-Trainer prints it, or `key=value` / `key: value` pairs each make a row; any other line (warnings,
+Trainer prints it, `key=value` / `key: value` pairs, or `name value` fields between ` | `
+separators each make a row (a launcher's `pid=`/`rank=` prefix is dropped and listed as ignored); any other line (warnings,
 tqdm bars, tracebacks) is skipped and counted. A CSV may be a plain table, a Weights & Biases chart
 export (`<run> - <metric>` columns with `__MIN`/`__MAX` companions) or an MLflow long table (one
 row per key, value and step). TensorBoard event files are read when the optional `tensorboard`
@@ -35,6 +36,10 @@ NOT_LOGS = {".py": "Python source", ".md": "Markdown", ".ipynb": "a notebook", "
 _KV = re.compile(r"(?<![\w./-])['\"]?([A-Za-z_][\w./-]*)(?<!\.py)['\"]?\s*[=:]\s*"
                  r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
                  r")(?![\w.:])", re.IGNORECASE)
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+# `name value` inside fields a line separates with ' | ' (plain loops, fairseq): `epoch 0 step 5 | loss 0.54`.
+_FIELD_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_][\w./-]*)\s+({_NUMBER})(?![\w.:%/\]])", re.IGNORECASE)
+_PIPE = re.compile(r"\s\|\s")
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
 _MLFLOW_KEY = ("key", "metric", "name", "tag")
 # Python prints non-finite floats as bare nan/inf, which literal_eval rejects; quoted, to_float reads them.
@@ -170,6 +175,19 @@ def dict_in_line(raw: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def line_values(raw: str) -> dict[str, float]:
+    """Numeric values of one line: its dict, else its key=value / key: value pairs and its `| name value` fields."""
+    obj = dict_in_line(raw)
+    if obj is not None:
+        return numeric_fields(obj)
+    vals: dict[str, float] = {}
+    # A tqdm bar ("45%|####  | 9/20") also has pipes, but never ' | ' between named fields.
+    if len(_PIPE.split(raw)) >= 2 and "%|" not in raw:
+        vals.update((m.group(1), float(m.group(2))) for m in _FIELD_PAIR.finditer(raw))
+    vals.update((m.group(1), float(m.group(2))) for m in _KV.finditer(raw))
+    return vals
+
+
 def parse_text(path: str, text: str, fmt: str) -> MetricLog:
     """Mixed text: dict lines and key=value lines make rows; every other non-blank line is skipped.
 
@@ -184,9 +202,7 @@ def parse_text(path: str, text: str, fmt: str) -> MetricLog:
         for raw in ANSI.sub("", line).split("\r"):
             if not raw.strip():
                 continue
-            obj = dict_in_line(raw)
-            found = numeric_fields(obj) if obj is not None else \
-                {m.group(1): float(m.group(2)) for m in _KV.finditer(raw)}
+            found = line_values(raw)
             vals = {k: v for k, v in found.items() if not is_identity(k)}
             ignored.update((k, IDENTITY_WHY) for k in found if k not in vals)
             if vals:

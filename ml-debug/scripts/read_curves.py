@@ -27,6 +27,7 @@ from mldebug_common import Finding, InputError, LOWER_IS_BETTER, fmt_num, make_p
 TOOL = "read_curves"
 POINTS = (("start", 0.0), ("early", 0.1), ("middle", 0.5), ("end", 1.0))
 QUOTE_MAX = 160
+MAX_SPIKE_WIDTH = 2  # points; a wider excursion is a dip or a bump, see excursion_width
 # Values a schedule or the configuration sets; matched against each '/'- or '_'-separated part.
 SCHEDULED = re.compile(r"(?:^|[/_.])(?:lr|learning_rate|kl_coef|kl_ctl|beta|temperature|"
                        r"weight_decay|cliprange|clip_range|epsilon|momentum)(?:$|[/_.])", re.IGNORECASE)
@@ -123,10 +124,44 @@ def spikes(values: np.ndarray, z_limit: float, resolution: float = 0.0) -> list[
     scale = max(1.4826 * float(np.median(np.abs(resid - np.median(resid)))), 1e-2 * value_range, resolution)
     if scale == 0:
         return []
-    z = np.abs(resid) / scale
-    hits = [(i + half, float(z[i]), float(values[i + half] - resid[i]), scale)
-            for i in np.flatnonzero(z > z_limit)]
+    local = np.maximum(local_noise(resid), scale)
+    z = np.abs(resid) / local
+    hits = [(i + half, float(z[i]), float(values[i + half] - resid[i]), float(local[i]))
+            for i in np.flatnonzero(z > z_limit) if excursion_width(resid, int(i)) <= MAX_SPIKE_WIDTH]
     return sorted(hits, key=lambda t: -t[1])
+
+
+def local_noise(resid: np.ndarray) -> np.ndarray:
+    """Robust size of the residuals around each point, the point itself left out.
+
+    The noise of a run is seldom one size: a single-batch loss jumps by half its value in the
+    first fast descent and by a hundredth late on, so a point is judged against its own stretch
+    of the run as well as against the whole.
+    """
+    n = len(resid)
+    w = min(max(5, n // 20), 50)
+    out = np.zeros(n)
+    for i in range(n):
+        around = np.concatenate([resid[max(0, i - w):i], resid[i + 1:i + 1 + w]])
+        out[i] = 1.4826 * float(np.median(np.abs(around - np.median(around)))) if around.size else 0.0
+    return out
+
+
+def excursion_width(resid: np.ndarray, i: int) -> int:
+    """Consecutive points around `i` that stand off the running median on the same side, by half as much.
+
+    A spike is one or two points thrown off the curve and straight back; three or more form a
+    dip or a bump the curve travels through (a policy's logits crossing zero, a learning-rate
+    restart), which the readings show and which is no spike.
+    """
+    sign, half_size = np.sign(resid[i]), 0.5 * abs(resid[i])
+    width, j = 1, i - 1
+    while j >= 0 and np.sign(resid[j]) == sign and abs(resid[j]) > half_size:
+        width, j = width + 1, j - 1
+    j = i + 1
+    while j < len(resid) and np.sign(resid[j]) == sign and abs(resid[j]) > half_size:
+        width, j = width + 1, j + 1
+    return width
 
 
 def flat_tail(values: np.ndarray) -> int:
@@ -178,11 +213,16 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
                    else f"ranges {fmt_num(fvals[lo])} to {fmt_num(fvals[hi])}")
                 + "; not judged for flat, spike or divergence")
     else:
-        for i, z, around, scale in spikes(fvals, spike_z, resolution)[:3]:
+        # A positive metric spanning a decade or more (a loss in its first descent) has noise in
+        # proportion to its size, so its spikes are judged on the log scale, as ratios.
+        ratios = bool(fvals.min() > 0 and fvals.max() >= 10 * fvals.min())
+        judged = np.log(fvals) if ratios else fvals
+        for i, z, around, scale in spikes(judged, spike_z, 0.0 if ratios else resolution)[:3]:
+            noise = f"noise {np.expm1(scale):.0%} of its size" if ratios else f"noise scale {fmt_num(scale)}"
             findings.append(Finding(path, frows[i].line, "SPIKE",
                                     f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
-                                    f"against {fmt_num(around)} around it (robust z {z:.0f}, noise scale "
-                                    f"{fmt_num(scale)})"))
+                                    f"against {fmt_num(np.exp(around) if ratios else around)} around it "
+                                    f"(robust z {z:.0f}, {noise})"))
             spike_steps[id(findings[-1])] = float(fsteps[i])
         if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
             where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
