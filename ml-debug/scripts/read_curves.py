@@ -16,6 +16,7 @@ Exit 0 no anomaly, 1 anomalies found, 2 unreadable input.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +28,8 @@ from mldebug_common import Finding, InputError, LOWER_IS_BETTER, fmt_num, make_p
 TOOL = "read_curves"
 POINTS = (("start", 0.0), ("early", 0.1), ("middle", 0.5), ("end", 1.0))
 QUOTE_MAX = 160
+FLAT_UNITS = 5  # a value held within this many units of a fixed printed resolution is not judged flat
+FIXED_DECIMALS_MAX = 4
 MAX_SPIKE_WIDTH = 2  # points; a wider excursion is a dip or a bump, see excursion_width
 # Values a schedule or the configuration sets; matched against each '/'- or '_'-separated part.
 SCHEDULED = re.compile(r"(?:^|[/_.])(?:lr|learning_rate|kl_coef|kl_ctl|beta|temperature|"
@@ -74,6 +77,8 @@ def last_digit(value: float) -> float:
     A parsed float keeps the digits it was printed with (the shortest repr reproduces them), so
     this is the printed resolution, less any trailing zeros the printer wrote.
     """
+    if value == 0:
+        return 0.0  # zero says nothing about how many digits were printed
     text = repr(float(value)).lower()
     mantissa, _, exponent = text.partition("e")
     decimals = len(mantissa.partition(".")[2].rstrip("0"))
@@ -86,9 +91,24 @@ def printed_resolution(values: np.ndarray) -> float:
     The median, because a value that happens to end in zeros (0.70 printed, 0.7 read) has a coarser
     last digit than the printer used; full-precision floats give a negligible resolution.
     """
-    if values.size == 0:
-        return 0.0
-    return float(np.median([last_digit(v) for v in values]))
+    units = [u for u in (last_digit(v) for v in values) if u > 0]
+    return float(np.median(units)) if units else 0.0
+
+
+def fixed_decimals(log: MetricLog) -> float:
+    """The resolution of a log whose printer writes a fixed number of decimals (verl's `{v:.3f}`), else 0.
+
+    Such a log never shows more than k decimals in any value; a full-precision printer shows
+    more than FIXED_DECIMALS_MAX somewhere, and a significant-digits one (the Trainer's 4) too.
+    """
+    units = [last_digit(v) for row in log.rows for v in row.values.values() if math.isfinite(v)]
+    finest = min((u for u in units if u > 0), default=0.0)
+    return finest if finest >= 10.0 ** -FIXED_DECIMALS_MAX else 0.0
+
+
+def below_resolution(value: float, resolution: float) -> bool:
+    """True when a held value is a few units of the log's fixed last digit, where rounding hides any motion."""
+    return 0 < resolution < 1 and abs(value) <= FLAT_UNITS * resolution
 
 
 def step_noise(values: np.ndarray, resolution: float = 0.0) -> float:
@@ -177,8 +197,11 @@ def flat_tail(values: np.ndarray) -> int:
 
 
 def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
-            lower_better: bool, set_value: bool = False) -> Curve | None:
-    """Read one metric's curve and attach its anomaly findings (NaN/Inf only for a set value)."""
+            lower_better: bool, set_value: bool = False, fixed_resolution: float = 0.0) -> Curve | None:
+    """Read one metric's curve and attach its anomaly findings (NaN/Inf only for a set value).
+
+    `fixed_resolution` is the log's own fixed last digit (fixed_decimals), 0 when it has none.
+    """
     series = log.series(name, step_key)
     if not series:
         return None
@@ -226,8 +249,14 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
             spike_steps[id(findings[-1])] = float(fsteps[i])
         if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
             where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
-            findings.append(Finding(path, frows[-tail].line, "FLAT",
-                                    f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
+            if below_resolution(fvals[-1], fixed_resolution):
+                # 0.001 printed to three decimals may be anything from 0.0005 to 0.0015: the printer
+                # hides whether it moves, so there is nothing to call flat, only a reading to redo.
+                note = (f"{name} reads {fmt_num(fvals[-1])} {where}, within {FLAT_UNITS} units of the log's printed "
+                        f"resolution {fmt_num(fixed_resolution)}: too coarse to see it move; log it with more digits")
+            else:
+                findings.append(Finding(path, frows[-tail].line, "FLAT",
+                                        f"{name} stays exactly {fmt_num(fvals[-1])} {where} ({tail} points)"))
         diverged, onset = divergence(path, name, fsteps, fvals, frows, lower_better, resolution)
         findings += diverged
         if onset is not None:
@@ -407,9 +436,10 @@ def main() -> int:
         missing = [m for m in names if m not in log.keys()]
         if missing:
             raise InputError(f"{path}: metric(s) not in log: {', '.join(missing)}")
+        fixed = fixed_decimals(log)
         curves = after_the_fault([c for m in names if (c := analyse(
             log, m, step_key, args.spike_z, bool(LOWER_IS_BETTER.search(m)) or m in extra_lower,
-            is_set_value(m, expect_constant)))])
+            is_set_value(m, expect_constant), fixed))])
         reads.append(log.read_summary(step_key, names))
         file_findings = backwards_steps(log, step_key) + [f for c in curves for f in c.findings]
         findings += file_findings
