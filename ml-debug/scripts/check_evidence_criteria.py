@@ -41,7 +41,8 @@ METRIC_WORDS = re.compile(r"\b(accuracy|f1|auc|loss|bleu|rouge|pass@\d+|exact ma
 PLAIN_METRIC = re.compile(r"\b(?:fraction|share|proportion|percentage|rate|number|count|mean|average|median|"
                           r"variance|distribution)\s+of\s+(?:the\s+|its\s+)?[a-z]+|"
                           r"\b(?!(?:a|an|the|any|one|some|this|that|same|its|our)\b)[a-z][\w-]*\s+"
-                          r"(?:rate|ratio|length|entropy|accuracy|error|frequency|share)\b|"
+                          r"(?:rate|ratio|length|entropy|accuracy|error|frequency|share|probability|"
+                          r"log-probability|likelihood|margin|loss|reward|norm|divergence)\b|"
                           r"\b(?:accuracy|f1|auc|bleu|rouge|pass@\d+|exact match|win rate|perplexity|"
                           r"mse|mae|rmse)\b", re.IGNORECASE)
 NEEDS_DEFINITION = re.compile(r"([\w@/.-]+)\s+(?:arm|baseline|control|probe)\b", re.IGNORECASE)

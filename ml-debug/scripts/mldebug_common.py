@@ -31,8 +31,9 @@ CREDENCE_RANGES = {word: (lo, hi) for word, lo, hi in CREDENCE_SCALE}
 _WORD_ALT = "|".join(re.escape(w).replace(r"\ ", r"\s+") for w, _, _ in CREDENCE_SCALE)
 _PCT = r"(\d{1,3}(?:\.\d+)?)\s*%"
 # "likely, 60%", "likely (60%)", "highly likely: 80 %"
+# "even chance, 50%" and "even odds (50%)": Kesselman's phrase for the middle word.
 _WORD_THEN_NUM = re.compile(
-    rf"\b({_WORD_ALT})\b[\s,:;(\[\-\u2013\u2014]*(?:about\s+|~\s*)?{_PCT}", re.IGNORECASE)
+    rf"\b({_WORD_ALT})\b(?:\s+(?:chance|odds))?[\s,:;(\[\-\u2013\u2014]*(?:about\s+|~\s*)?{_PCT}", re.IGNORECASE)
 # "60% (likely)", "60%, likely", "60% likely"
 _NUM_THEN_WORD = re.compile(rf"{_PCT}[\s,:;(\[\-\u2013\u2014]*\b({_WORD_ALT})\b", re.IGNORECASE)
 _WORD_ONLY = re.compile(rf"\b({_WORD_ALT})\b", re.IGNORECASE)
