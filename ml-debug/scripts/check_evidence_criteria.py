@@ -176,7 +176,9 @@ def exposure_names(item: str) -> set[str]:
     names = {m.strip() for m in CODE_SPAN.findall(item)} | set(IDENTIFIER.findall(CODE_SPAN.sub(" ", item)))
     names |= {m.strip(".-") for m in NAMED_BEFORE.findall(item) if m.lower() not in NOT_NAMES}
     names |= {m.strip(".-") for m in NEEDS_DEFINITION.findall(item) if m.lower() not in NOT_NAMES}
-    names |= {a for a in ARMS if re.search(rf"\b{a}\b", item, re.IGNORECASE)}
+    # An arm word names the arm only as one ("the placebo", "the bare arm"); "a bare number" names nothing.
+    names |= {a for a in ARMS if re.search(rf"\bthe\s+{a}\b|\b{a}\s+(?:arm|run|model|checkpoint)\b", item,
+                                           re.IGNORECASE)}
     names |= {m.group(0) for m in METRIC_WORDS.finditer(item)}
     return {n for n in names if n}
 

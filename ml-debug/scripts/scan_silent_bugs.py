@@ -491,8 +491,8 @@ def scan_with_read(path: str, show_all: bool) -> tuple[list[Finding], ReadSummar
         detail = scanner.details.get((line_no, rule_id))
         findings.append(Finding(path, line_no, rule_id, f"`{text.strip()[:100]}`: "
                                 + (f"{detail}; " if detail else "") + rule.check))
-    loops = [f"line {n}" for n in sorted(set(scanner.training_loops))]
-    read = ReadSummary(path, "python", count_lines(source), loops, ignored, "training loops at")
+    loops = [str(n) for n in sorted(set(scanner.training_loops))]
+    read = ReadSummary(path, "python", count_lines(source), loops, ignored, "training loops (lines)")
     return sorted(findings, key=lambda f: (f.line, f.rule)), read
 
 
