@@ -46,9 +46,20 @@ _MLFLOW_KEY = ("key", "metric", "name", "tag")
 _BARE_NONFINITE = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")
 
 
+# Logger groups under which an axis keeps its meaning (`train/global_step`, `trainer/global_step`);
+# under any other group the name measures something (`timing_s/step` is seconds per step).
+AXIS_GROUPS = frozenset({"", "train", "eval", "val", "validation", "test", "trainer", "charts", "global"})
+
+
+def axis_name(key: str) -> str | None:
+    """The axis a key names (`Step`, `train/global_step` -> step, global_step), else None."""
+    group, _, name = key.lower().rpartition("/")
+    return name if name in AXIS_KEYS and group in AXIS_GROUPS else None
+
+
 def is_axis(key: str) -> bool:
     """True for a column that orders rows (step, epoch, time) rather than measuring anything."""
-    return key.lower().rsplit("/", 1)[-1] in AXIS_KEYS
+    return axis_name(key) is not None
 
 
 def is_identity(key: str) -> bool:
@@ -105,7 +116,7 @@ class MetricLog:
                 raise InputError(f"{self.path}: step key '{wanted}' not found (keys: {', '.join(keys)})")
             return wanted
         for name in STEP_KEYS:
-            found = next((k for k in keys if k.lower().rsplit("/", 1)[-1] == name), None)
+            found = next((k for k in keys if axis_name(k) == name), None)
             if found:
                 return found
         return None

@@ -86,13 +86,13 @@ def last_digit(value: float) -> float:
 
 
 def printed_resolution(values: np.ndarray) -> float:
-    """The resolution a metric was printed at: the median unit of the last digit over its values.
+    """The resolution a metric was printed at: the finest last digit among its values.
 
-    The median, because a value that happens to end in zeros (0.70 printed, 0.7 read) has a coarser
-    last digit than the printer used; full-precision floats give a negligible resolution.
+    The finest, because a value that happens to end in zeros (0.50 printed, 0.5 read) shows a
+    coarser digit than the printer used; full-precision floats give a negligible resolution.
     """
     units = [u for u in (last_digit(v) for v in values) if u > 0]
-    return float(np.median(units)) if units else 0.0
+    return min(units) if units else 0.0
 
 
 def fixed_decimals(log: MetricLog) -> float:
@@ -122,8 +122,10 @@ def step_noise(values: np.ndarray, resolution: float = 0.0) -> float:
     d = np.diff(values)
     noise = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2)
     # Rounding in a smooth curve is not noise; below a billionth of the values' size it counts as none.
-    noise = noise if noise > 1e-9 * float(np.max(np.abs(values))) else 0.0
-    return max(noise, resolution / np.sqrt(12))
+    negligible = 1e-9 * float(np.max(np.abs(values)))
+    noise = noise if noise > negligible else 0.0
+    floor = resolution / np.sqrt(12)
+    return max(noise, floor if floor > negligible else 0.0)
 
 
 def spikes(values: np.ndarray, z_limit: float, resolution: float = 0.0) -> list[tuple[int, float, float, float]]:
@@ -329,13 +331,13 @@ def divergence(path: str, name: str, steps: np.ndarray, values: np.ndarray, rows
         return [], None
     start, end = float(np.median(values[:w])), float(np.median(values[-w:]))
     # Standard error of a median of w noisy points is about 1.25 noise / sqrt(w); of a difference, x sqrt(2).
-    margin = max(4 * 1.25 * noise * np.sqrt(2 / w), 0.01 * abs(start))
+    # One unit of the printed resolution is rounding of the two medians, not a rise.
+    margin = max(4 * 1.25 * noise * np.sqrt(2 / w), 0.01 * abs(start), resolution)
     if end - start <= margin:
         return [], None
     best = int(np.argmin(values))
-    floor = resolution / np.sqrt(12)
     noise_text = (f"{(end - start) / noise:.0f}x the rounding of its printed resolution {fmt_num(resolution)}"
-                  if noise > 0 and noise == floor else
+                  if noise > 0 and noise == resolution / np.sqrt(12) else
                   f"{(end - start) / noise:.0f}x its step-to-step noise {fmt_num(noise)}" if noise > 0
                   else "with no step-to-step noise")
     return [Finding(path, rows[-1].line, "DIVERGE",
