@@ -245,8 +245,10 @@ def parse_csv(path: str, text: str) -> MetricLog:
             rows.append(LogRow(rec.line, rec.raw, vals))
         return MetricLog(path, "csv", rows, count_lines(text), notes=notes)
     rename = wandb_columns(header)
+    ignored = {}
     if rename:
         notes.append("read as a W&B export: run prefixes dropped, __MIN/__MAX columns ignored")
+        ignored = {h: "a W&B min/max band of a plotted metric" for h in header if h.endswith(("__MIN", "__MAX"))}
     skipped, first = 0, None
     for rec in records:
         vals = {rename.get(k, k): f for k, v in rec.fields.items()
@@ -256,7 +258,7 @@ def parse_csv(path: str, text: str) -> MetricLog:
         else:
             skipped += 1
             first = first or (rec.line, rec.raw)
-    return MetricLog(path, "csv", rows, count_lines(text), skipped, first, notes)
+    return MetricLog(path, "csv", rows, count_lines(text), skipped, first, notes, ignored)
 
 
 def wandb_columns(header: list[str]) -> dict[str, str]:
