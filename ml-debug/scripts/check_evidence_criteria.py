@@ -6,8 +6,9 @@ and ELSE in that order, none empty or left as a template placeholder; OPTIMISING
 plain sentence without symbols; there are 2-3 perverse satisfactions, each naming a metric or an
 arm that would catch it: a metric described in words ("the fraction of answers that ...", "the
 refusal rate") stands on its own, while an arm or a logged key (`kl`) must be one the document
-names elsewhere too (EVIDENCE A, a metrics list ...), so "exposed by a metric." names nothing; EVIDENCE A names the bare, treatment, reversed
-and placebo arms; EVIDENCE B names a baseline other than chance and a metric.
+names elsewhere too (EVIDENCE A, a metrics list ...), so "exposed by a metric." names nothing;
+EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
+other than chance and a metric (in words, in backticks or as a logger path).
 Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations

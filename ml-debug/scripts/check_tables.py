@@ -106,10 +106,10 @@ class TableChecker:
         names, ignored = [], {}
         for table in parse_tables(self.text):
             kind, _ = classify(table)
-            label = f"{kind.name} (line {table.line})" if kind else f"'{' | '.join(table.raw_header)[:40]}' (line {table.line})"
             if kind:
-                names.append(label)
+                names.append(f"{kind.name} (line {table.line})")
             else:
+                label = f"'{' | '.join(table.raw_header)[:40]}' (line {table.line})"
                 ignored[label] = "not a P1-P4 or exercise table"
         return ReadSummary(self.path, "markdown", count_lines(self.text), names, ignored, "tables")
 
@@ -259,17 +259,17 @@ class TableChecker:
                 self.add(line, "CREDENCE", problem)
 
 
+def check_file(path: str, text: str) -> tuple[list[Finding], ReadSummary]:
+    """The findings of one document and what was read from it."""
+    checker = TableChecker(path, text)
+    return checker.check(), checker.read_summary()
+
+
 def main() -> int:
     """Check each file given on the command line and return the exit code."""
     return check_documents(TOOL, __doc__, "Templates: ml-debug/assets/P1_run_finished.md ... "
                            "P4_stuck.md. Exit 0 clean, 1 findings, 2 unreadable input.", "FILE",
                            "Markdown reply or file to check", check_file)
-
-
-def check_file(path: str, text: str) -> tuple[list[Finding], ReadSummary]:
-    """The findings of one document and what was read from it."""
-    checker = TableChecker(path, text)
-    return checker.check(), checker.read_summary()
 
 
 if __name__ == "__main__":

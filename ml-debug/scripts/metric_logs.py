@@ -3,8 +3,8 @@
 
 A text log (JSONL or not) is read line by line: a JSON object, a Python dict as the Hugging Face
 Trainer prints it, `key=value` / `key: value` pairs, or `name value` fields between ` | `
-separators each make a row (a launcher's `pid=`/`rank=` prefix is dropped and listed as ignored); any other line (warnings,
-tqdm bars, tracebacks) is skipped and counted. A CSV may be a plain table, a Weights & Biases chart
+separators each make a row (a launcher's `pid=`/`rank=` prefix is dropped and listed as
+ignored); any other line (warnings, tqdm bars, tracebacks) is skipped and counted. A CSV may be a plain table, a Weights & Biases chart
 export (`<run> - <metric>` columns with `__MIN`/`__MAX` companions) or an MLflow long table (one
 row per key, value and step). TensorBoard event files are read when the optional `tensorboard`
 package is installed. Axis columns (step, epoch, global_step, timestamp, _runtime ...) order the
@@ -136,7 +136,8 @@ class MetricLog:
 
     def read_summary(self, step_key: str | None, names: list[str] | None = None) -> ReadSummary:
         """What was read as metrics (`names`, default all) and every key set aside, with the reason."""
-        names = self.metrics(step_key) if names is None else names
+        placed = self.metrics(step_key)
+        names = placed if names is None else names
         ignored = dict(self.ignored)
         for k in self.keys():
             if k in names:
@@ -145,7 +146,7 @@ class MetricLog:
                 ignored[k] = "the step axis"
             elif is_axis(k):
                 ignored[k] = "an axis, not a measurement"
-            elif k not in self.metrics(step_key):
+            elif k not in placed:
                 ignored[k] = f"only on rows without {step_key}"
             else:
                 ignored[k] = "not asked for"

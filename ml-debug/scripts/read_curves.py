@@ -49,7 +49,7 @@ class Curve:
     quote_row: LogRow | None = None  # the first anomaly's row, else the last row
     note: str = ""  # why a set value was not judged
     fault_step: float | None = None  # where a NONFINITE or DIVERGE finding starts, if any
-    spike_steps: dict[int, float] = field(default_factory=dict)  # id of a SPIKE finding -> its step
+    spikes: list[tuple[Finding, float]] = field(default_factory=list)  # each SPIKE finding and its step
     resolution: float = 0.0  # one unit of the last printed digit
 
 
@@ -230,7 +230,7 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
     tail = flat_tail(fvals)
     resolution = printed_resolution(fvals)
     fault_step = float(steps[bad[0]]) if bad.size else None
-    spike_steps: dict[int, float] = {}
+    spike_steps: list[tuple[Finding, float]] = []
     note = ""
     if set_value:
         note = (f"{name} is a set value (schedule or --expect-constant): "
@@ -248,7 +248,7 @@ def analyse(log: MetricLog, name: str, step_key: str | None, spike_z: float,
                                     f"{name} jumps to {fmt_num(fvals[i])} at step {fmt_num(fsteps[i])} "
                                     f"against {fmt_num(np.exp(around) if ratios else around)} around it "
                                     f"(robust z {z:.0f}, {noise})"))
-            spike_steps[id(findings[-1])] = float(fsteps[i])
+            spike_steps.append((findings[-1], float(fsteps[i])))
         if len(fvals) >= 5 and tail >= max(5, len(fvals) // 4):
             where = "for the whole run" if tail == len(fvals) else f"from step {fmt_num(fsteps[-tail])}"
             if below_resolution(fvals[-1], fixed_resolution):
@@ -283,16 +283,16 @@ def after_the_fault(curves: list[Curve]) -> list[Curve]:
     out = []
     for c in curves:
         earlier = [(step, name) for step, name in faults if name != c.name]
-        if not earlier or not c.spike_steps:
+        if not earlier or not c.spikes:
             out.append(c)
             continue
         onset, cause = min(earlier)
-        echoes = [f for f in c.findings if f.rule == "SPIKE" and c.spike_steps[id(f)] >= onset]
+        echoes = [(f, step) for f, step in c.spikes if step >= onset]
         if not echoes:
             out.append(c)
             continue
-        kept = [f for f in c.findings if f not in echoes]
-        steps = ", ".join(fmt_num(c.spike_steps[id(f)]) for f in echoes)
+        kept = [f for f in c.findings if all(f is not e for e, _ in echoes)]
+        steps = ", ".join(fmt_num(step) for _, step in echoes)
         note = "; ".join(n for n in (c.note, f"{c.name} moves at step(s) {steps}, after {cause}'s fault starts "
                                      f"at step {fmt_num(onset)}: read as its effect, not judged as a spike") if n)
         out.append(replace(c, findings=kept, note=note))
@@ -452,6 +452,7 @@ def main() -> int:
                                                                  "text": log.first_skipped[1]},
                          "notes": log.notes + [c.note for c in curves if c.note],
                          "metrics": {c.name: {"n": c.n, "min": c.minimum[0], "max": c.maximum[0],
+                                              "printed_resolution": c.resolution,
                                               **{k: {"step": v[0], "value": v[1], "line": v[2].line}
                                                  for k, v in c.points.items()}} for c in curves},
                          "p1_table": p1_table(curves)})
