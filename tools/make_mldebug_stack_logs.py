@@ -10,13 +10,15 @@ Every run is a few dozen CPU steps on a tiny randomly initialised model with a t
 here (nothing is loaded from a hub). Each framework writes its log as it does for any user:
 the Hugging Face Trainer and TRL print their dict lines between tqdm bars (stdout and stderr are
 captured together, carriage returns kept), Lightning's CSVLogger writes metrics.csv, and an
-accelerate loop prints through `accelerator.print`. The runs are:
+accelerate loop prints through `accelerator.print`. This machine's folders in warnings are
+replaced by `/home/user/...`. The runs are (the broken twins in stacks/broken are copies with one
+edit each, see examples/README.md):
 
 - `trainer_clm.log`: transformers Trainer, causal LM on digit strings;
 - `trainer_cls.log`: transformers Trainer, sequence classification with eval every 10 steps;
 - `dpo_beta01.log`, `dpo_beta05.log`: TRL DPOTrainer at beta 0.1 and 0.5;
-- `lightning_forecast/metrics.csv`: Lightning, a GRU forecaster on a noisy sine (time series);
-- `lightning_classify/metrics.csv`: Lightning, an MLP classifier;
+- `lightning_forecast_metrics.csv`: Lightning's metrics.csv, a GRU forecaster on a noisy sine;
+- `lightning_classify_metrics.csv`: Lightning's metrics.csv, an MLP classifier;
 - `accelerate_loop.log`: a plain PyTorch loop under accelerate.
 """
 from __future__ import annotations
@@ -200,9 +202,7 @@ def run_lightning(out: Path, work: Path, kind: str) -> None:
     trainer = L.Trainer(max_epochs=6, logger=logger, log_every_n_steps=5, accelerator="cpu",
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, DataLoader(train, batch_size=64, shuffle=True), DataLoader(val, batch_size=256))
-    dest = out / f"lightning_{kind}"
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(logger.log_dir) / "metrics.csv", dest / "metrics.csv")
+    shutil.copy(Path(logger.log_dir) / "metrics.csv", out / f"lightning_{kind}_metrics.csv")
 
 
 def run_accelerate(out: Path, work: Path) -> None:
