@@ -451,13 +451,11 @@ def code_part(line: str) -> str:
     return line
 
 
-def scan_file(path: str, show_all: bool) -> list[Finding]:
-    """All findings for one Python file, deduplicated and in line order."""
-    return scan_with_read(path, show_all)[0]
+def scan_file(path: str, show_all: bool) -> tuple[list[Finding], ReadSummary]:
+    """The findings for one Python file, deduplicated and in line order, and what was read.
 
-
-def scan_with_read(path: str, show_all: bool) -> tuple[list[Finding], ReadSummary]:
-    """The findings for one Python file and what was read: its training loops, and the lines passed over."""
+    What was read: the training loops found, and the lines passed over as marked ok.
+    """
     source = read_text(path)
     lines = source.splitlines()
     comments = comment_lines_of(source)
@@ -529,7 +527,7 @@ def main() -> int:
     findings: list[Finding] = []
     reads = []
     for path in files:
-        found, read = scan_with_read(path, args.all)
+        found, read = scan_file(path, args.all)
         findings += found
         reads.append(read)
     return report(TOOL, files, findings, args.json, reads=reads)

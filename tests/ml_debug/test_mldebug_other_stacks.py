@@ -254,7 +254,7 @@ def test_even_chance_is_the_middle_word():
 def scan(tmp_path, source):
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(source))
-    return [f.rule for f in scan_file(str(path), False)]
+    return [f.rule for f in scan_file(str(path), False)[0]]
 
 
 @pytest.mark.parametrize("call", ["policy_loss(logp, logp.detach(), adv)",
