@@ -4,16 +4,18 @@
 Rules: the block is present with GOAL, OPTIMISING, PERVERSE SATISFACTIONS, EVIDENCE A, EVIDENCE B
 and ELSE in that order, none empty or left as a template placeholder; OPTIMISING is a single
 plain sentence without symbols; there are 2-3 perverse satisfactions, each naming a metric or an
-arm that would catch it and that the document names elsewhere too (in a metrics list, EVIDENCE A
-or B ...), so "exposed by a metric." names nothing; EVIDENCE A names the bare, treatment, reversed
-and placebo arms; EVIDENCE B names a baseline other than chance and a metric.
+arm that would catch it: a metric described in words ("the fraction of answers that ...", "the
+refusal rate") stands on its own, while an arm or a logged key (`kl`) must be one the document
+names elsewhere too (EVIDENCE A, a metrics list ...), so "exposed by a metric." names nothing;
+EVIDENCE A names the bare, treatment, reversed and placebo arms; EVIDENCE B names a baseline
+other than chance and a metric (in words, in backticks or as a logger path).
 Exit 0 clean, 1 findings, 2 unreadable input.
 """
 from __future__ import annotations
 
 import re
 
-from mldebug_common import Finding, check_documents, run
+from mldebug_common import Finding, ReadSummary, check_documents, count_lines, run
 
 TOOL = "check_evidence_criteria"
 KEYS = ("GOAL", "OPTIMISING", "PERVERSE SATISFACTIONS", "EVIDENCE A", "EVIDENCE B", "ELSE")
@@ -34,7 +36,20 @@ BASELINE = re.compile(r"\bbaseline\b|\b(beats?|outperforms?|vs\.?|versus|compare
                       r"better than)\s+(?:the\s+|a\s+)?(?!chance\b|random\b)\w", re.IGNORECASE)
 METRIC_WORDS = re.compile(r"\b(accuracy|f1|auc|loss|bleu|rouge|pass@\d+|exact match|win rate|mse|mae|"
                           r"rmse|perplexity|reward|return|score)\b", re.IGNORECASE)
-METRIC = re.compile(r"\bmetric\b|\bon\s+(?:the\s+)?[\w@/-]+|" + METRIC_WORDS.pattern, re.IGNORECASE)
+# A metric named in words: "the fraction of answers that ...", "the refusal rate", "answer length".
+# Such a name describes the measurement itself, so it needs no definition elsewhere; an arm or a
+# logged key does (an arm that is not in the design is never run, a key that is not logged is never read).
+PLAIN_METRIC = re.compile(r"\b(?:fraction|share|proportion|percentage|rate|number|count|mean|average|median|"
+                          r"variance|distribution)\s+of\s+(?:the\s+|its\s+)?[a-z]+|"
+                          r"\b(?!(?:a|an|the|any|one|some|this|that|same|its|our)\b)[a-z][\w-]*\s+"
+                          r"(?:rate|ratio|length|entropy|accuracy|error|frequency|share|probability|"
+                          r"log-probability|likelihood|margin|loss|reward|norm|divergence)\b|"
+                          r"\b(?:accuracy|f1|auc|bleu|rouge|pass@\d+|exact match|win rate|perplexity|"
+                          r"mse|mae|rmse)\b", re.IGNORECASE)
+NEEDS_DEFINITION = re.compile(r"([\w@/.-]+)\s+(?:arm|baseline|control|probe)\b", re.IGNORECASE)
+# EVIDENCE B may name its metric in words, in a code span (`eval/exact_match`) or as a logger path.
+METRIC = re.compile(r"\bmetric\b|\bon\s+(?:the\s+)?[\w@/-]+|`[^`]*\w[^`]*`|" + IDENTIFIER.pattern + "|"
+                    + METRIC_WORDS.pattern, re.IGNORECASE)
 
 
 def extract_block(lines: list[str]) -> dict[str, tuple[int, list[str]]]:
@@ -145,29 +160,44 @@ def check_perverse(entry: tuple[int, list[str]], document: str, add) -> None:
     if not 2 <= len(items) <= 3:
         add(line, "EC-PERVERSE-COUNT", f"{len(items)} perverse satisfaction(s); write 2-3")
     for n, item in enumerate(items, 1):
+        if PLAIN_METRIC.search(CODE_SPAN.sub(" ", item)):
+            continue
         names = exposure_names(item)
         rest = document.replace(item, " ")
-        if not any(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", rest, re.IGNORECASE)
-                   for name in names):
+        # A logger path counts when the document names it with or without its group (`eval/x`, `x`).
+        if not any(re.search(rf"(?<![\w-]){re.escape(form)}(?![\w-])", rest, re.IGNORECASE)
+                   for name in names for form in {name, name.rsplit("/", 1)[-1]}):
             named = f" (it names {', '.join(sorted(names))}, found nowhere else)" if names else ""
             add(line, "EC-PERVERSE-EXPOSE", f"perverse satisfaction {n} does not name a metric or arm "
                 f"that the document defines{named}; name the logged metric or the arm that catches it")
 
 
 def exposure_names(item: str) -> set[str]:
-    """Metric and arm names an item mentions (code spans, identifiers, "X metric", arms, metric words)."""
+    """Names an item gives that the document must define: code spans, identifiers, "X arm", arms, "X metric"."""
     names = {m.strip() for m in CODE_SPAN.findall(item)} | set(IDENTIFIER.findall(CODE_SPAN.sub(" ", item)))
     names |= {m.strip(".-") for m in NAMED_BEFORE.findall(item) if m.lower() not in NOT_NAMES}
-    names |= {a for a in ARMS if re.search(rf"\b{a}\b", item, re.IGNORECASE)}
+    names |= {m.strip(".-") for m in NEEDS_DEFINITION.findall(item) if m.lower() not in NOT_NAMES}
+    # An arm word names the arm only as one ("the placebo", "the bare arm"); "a bare number" names nothing.
+    names |= {a for a in ARMS if re.search(rf"\bthe\s+{a}\b|\b{a}\s+(?:arm|run|model|checkpoint)\b", item,
+                                           re.IGNORECASE)}
     names |= {m.group(0) for m in METRIC_WORDS.finditer(item)}
     return {n for n in names if n}
+
+
+def check_file(path: str, text: str) -> tuple[list[Finding], ReadSummary]:
+    """The findings of one file and what was read: the block's keys, and repeated keys set aside."""
+    lines = text.splitlines()
+    keys = [m.group(1) for m in map(KEY_LINE.match, lines) if m]
+    seen = list(dict.fromkeys(keys))
+    repeated = {k: "repeated; the first is read" for k in seen if keys.count(k) > 1}
+    return check_block(path, text), ReadSummary(path, "markdown", count_lines(text), seen, repeated, "keys")
 
 
 def main() -> int:
     """Check each file given on the command line and return the exit code."""
     return check_documents(TOOL, __doc__, "Template: ml-debug/assets/AGENTS_evidence_block.md. "
                            "Exit 0 clean, 1 findings, 2 unreadable input.", "AGENTS.md",
-                           "file(s) holding the block", check_block)
+                           "file(s) holding the block", check_file)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from metric_logs import load_metric_log
-from mldebug_common import (Finding, InputError, fmt_num, make_parser,
+from mldebug_common import (Finding, InputError, ReadSummary, fmt_num, make_parser,
                             report_each, run)
 
 TOOL = "check_overfit"
@@ -38,8 +38,8 @@ def loss_column(keys: list[str]) -> tuple[str | None, list[str]]:
     return train, held_out
 
 
-def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str]:
-    """Judge one log; return findings, the JSON summary and the human summary."""
+def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str, ReadSummary]:
+    """Judge one log; return findings, the JSON summary, the human summary and the read line."""
     log = load_metric_log(path, args.format)
     keys = log.keys()
     train, held_out = loss_column(keys)
@@ -100,7 +100,7 @@ def check(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str
                                         f"loss ln({args.num_classes}) = {fmt_num(chance)}: far below "
                                         "suggests leakage, unless the model is pretrained (then pass "
                                         "--pretrained); far above, a wrong loss, scale or initialisation"))
-    return findings, summary, "\n".join(text)
+    return findings, summary, "\n".join(text), log.read_summary(step_key, [metric])
 
 
 def main() -> int:

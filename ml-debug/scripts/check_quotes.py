@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import re
 
-from mldebug_common import Finding, line_of, make_parser, parse_tables, read_text, report, run
+from mldebug_common import (ANSI, Finding, ReadSummary, count_lines, line_of, make_parser, parse_tables, read_text,
+                            report, run)
 
 TOOL = "check_quotes"
 QUOTE_COLUMNS = ("quoted line", "quote", "log line")
 SPAN = re.compile(r"(`+)(.+?)\1")
 QUOTED = re.compile(r"\"([^\"]+)\"|\u201c([^\u201d]+)\u201d")
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ELLIPSIS = re.compile(r"\s*(?:\.\.\.|\u2026)\s*")
 INTRO = re.compile(r"\blog(?: line)?:\s*$", re.IGNORECASE)
-LENGTH_CLAIM = re.compile(r"\blog\b[^.\n]{0,40}?(?<!last )(?<!first )(?<!final )\b(\d[\d,]*)\s+lines\b",
+LENGTH_CLAIM = re.compile(r"\blog\b[^.\n]{0,80}?(?<!last )(?<!first )(?<!final )\b(\d[\d,]*)\s+lines\b",
                           re.IGNORECASE)
+# A dot inside a path or file name (`logs/ppo_v0.3/train.1.log`) does not end the sentence.
+INNER_DOT = re.compile(r"(?<=\S)\.(?=[\w/`-])")
 
 
 def cell_quotes(cell: str) -> list[str]:
@@ -115,8 +117,8 @@ def main() -> int:
     if not quotes:
         findings.append(Finding(args.report_file, 1, "CQ-NONE", "the report quotes no log line (use a "
                                 "'quoted line' column, a ```log block or 'log: `...`')"))
-    counts = {p: len(t.splitlines()) for p, t in log_texts.items()}
-    for m in LENGTH_CLAIM.finditer(text):
+    counts = {p: count_lines(t) for p, t in log_texts.items()}
+    for m in LENGTH_CLAIM.finditer(INNER_DOT.sub("_", text)):
         claimed = int(m.group(1).replace(",", ""))
         if claimed not in counts.values():
             findings.append(Finding(args.report_file, line_of(text, m.start()), "CQ-LENGTH",
@@ -124,8 +126,22 @@ def main() -> int:
                                     + ", ".join(f"{p} has {n}" for p, n in counts.items())))
     human = f"{args.report_file}: {len(quotes)} quote(s), {sum(c['found'] for c in checked)} found in " \
             f"{', '.join(f'{p} ({n} lines)' for p, n in counts.items())}"
+    reads = [ReadSummary(args.report_file, "markdown report", count_lines(text),
+                         [f"line {line}" for line in sorted({line for line, _ in quotes})], {}, "quotes on")]
+    reads += [log_read(p, t) for p, t in log_texts.items()]
     return report(TOOL, [args.report_file, *args.logs], findings, args.json,
-                  {"quotes": checked, "log_lines": counts}, human)
+                  {"quotes": checked, "log_lines": counts}, human, reads)
+
+
+def log_read(path: str, text: str) -> ReadSummary:
+    """What a quoted log gives to match against, and what is removed from it first."""
+    ignored = {}
+    if ANSI.search(text):
+        ignored["colour codes"] = "removed before matching"
+    redraws = sum(line.count("\r") for line in text.split("\n") if line.rstrip("\r"))
+    if redraws:
+        ignored[f"{redraws} carriage-return redraws"] = "each part matched as its own line"
+    return ReadSummary(path, "text log", count_lines(text), ["every line"], ignored, "searched")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mldebug_common import (Finding, Table, cell_problem, check_credence_cell, check_documents,
-                            credence_problem, find_credences, line_of, parse_tables, run)
+from mldebug_common import (Finding, ReadSummary, Table, cell_problem, check_credence_cell, check_documents,
+                            count_lines, credence_problem, find_credences, line_of, parse_tables, run)
 
 TOOL = "check_tables"
 
@@ -100,6 +100,18 @@ class TableChecker:
     def add(self, line: int, rule: str, message: str) -> None:
         """Record one finding."""
         self.findings.append(Finding(self.path, line, rule, message))
+
+    def read_summary(self) -> ReadSummary:
+        """The procedure's tables recognised (by kind and line) and the other tables passed over."""
+        names, ignored = [], {}
+        for table in parse_tables(self.text):
+            kind, _ = classify(table)
+            if kind:
+                names.append(f"{kind.name} (line {table.line})")
+            else:
+                label = f"'{' | '.join(table.raw_header)[:40]}' (line {table.line})"
+                ignored[label] = "not a P1-P4 or exercise table"
+        return ReadSummary(self.path, "markdown", count_lines(self.text), names, ignored, "tables")
 
     def check(self) -> list[Finding]:
         """Run every rule over every recognised table, then the document-wide credence pass."""
@@ -247,11 +259,17 @@ class TableChecker:
                 self.add(line, "CREDENCE", problem)
 
 
+def check_file(path: str, text: str) -> tuple[list[Finding], ReadSummary]:
+    """The findings of one document and what was read from it."""
+    checker = TableChecker(path, text)
+    return checker.check(), checker.read_summary()
+
+
 def main() -> int:
     """Check each file given on the command line and return the exit code."""
     return check_documents(TOOL, __doc__, "Templates: ml-debug/assets/P1_run_finished.md ... "
                            "P4_stuck.md. Exit 0 clean, 1 findings, 2 unreadable input.", "FILE",
-                           "Markdown reply or file to check", lambda p, t: TableChecker(p, t).check())
+                           "Markdown reply or file to check", check_file)
 
 
 if __name__ == "__main__":

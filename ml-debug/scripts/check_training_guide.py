@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from mldebug_common import (Finding, InputError, check_credence_cell, find_credences, is_blank,
-                            make_parser, read_text, report, run)
+from mldebug_common import (Finding, InputError, ReadSummary, check_credence_cell, count_lines, find_credences,
+                            is_blank, make_parser, read_text, report, run)
 
 TOOL = "check_training_guide"
 MAX_LINES = 180
@@ -31,7 +31,13 @@ KNOWN_LABELS = REQUIRED_FIELDS + OPTIONAL_FIELDS + tuple(CAPS)
 LABEL = re.compile(r"^\s*(?:[-*]\s+)?\**([A-Za-z][A-Za-z ]*?)\**\s*:\**\s*(.*)$")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 BULLET = re.compile(r"^\s*[-*+]\s+\S")
-INLINE_NUMBERED = re.compile(r"(?:^|\s)(\d+)[.)]\s+\S")
+# A marker stands alone and is followed by text; the text is not consumed, so `... 40. 2. next`
+# leaves the `2.` for the next match.
+INLINE_NUMBERED = re.compile(r"(?<!\S)(\d+)[.)]\s+(?=\S)")
+# Hedged claims that are a credence in all but word and number ("probably fine", "seems to work").
+HEDGES = re.compile(r"\b(?:probably|presumably|apparently|seems?|seemingly|appears?|looks\s+(?:like|fine|ok|good)"
+                    r"|suggests?|likely|unlikely|I\s+(?:think|believe|suspect)|we\s+(?:think|believe|suspect)"
+                    r"|most\s+likely|should\s+be\s+(?:fine|ok|working))\b", re.IGNORECASE)
 # Cue words of a list of possible failure causes; the structural rule is in check_failure_lists and
 # the reasons and known misses in references/checkers.md.
 FAILURE_CUES = re.compile(
@@ -130,9 +136,23 @@ def labelled_fields(body: list[tuple[int, str]]) -> dict[str, tuple[int, list[tu
     return fields
 
 
+def sequence_markers(text: str) -> list[int]:
+    """The step numbers of a numbered list written inline or one per line: 1, 2, 3 ... in order.
+
+    A number that does not continue the count ("... done by step 40. Then") is part of a step's
+    sentence, not a marker, so only the markers 1, 2, ... that follow one another are kept.
+    """
+    steps: list[int] = []
+    for n in (int(m) for m in INLINE_NUMBERED.findall(text)):
+        if n == (steps[-1] + 1 if steps else 1) or (not steps and n == 0):
+            steps.append(n)
+    return steps
+
+
 def count_items(content: list[tuple[int, str]]) -> int:
-    """Count list items: one per bullet line, one per `N.` marker elsewhere (`1. a 2. b` is two)."""
-    return sum(1 if BULLET.match(t) else len(INLINE_NUMBERED.findall(t)) for _, t in content)
+    """Count list items: one per bullet line, one per `N.` marker of the count elsewhere (`1. a 2. b` is two)."""
+    bullets = sum(1 for _, t in content if BULLET.match(t))
+    return bullets + len(sequence_markers(" ".join(t for _, t in content if not BULLET.match(t))))
 
 
 class GuideChecker:
@@ -142,6 +162,8 @@ class GuideChecker:
         self.path, self.lines = path, text.splitlines()
         self.findings: list[Finding] = []
         self.frontmatter: dict | None = None
+        self.stages: dict[str, str] = {}
+        self.sections: list[Section] = []
 
     def add(self, line: int, rule: str, message: str) -> None:
         """Record one finding."""
@@ -154,12 +176,26 @@ class GuideChecker:
                      f"{MAX_LINES} by replacing stale claims, not appending history")
         stages, body_start = self.check_frontmatter()
         sections = split_sections(self.lines, body_start)
+        self.stages, self.sections = stages, sections
         self.check_sections(sections, stages)
         self.check_failure_lists()
         if previous_path:
             self.check_growth(previous_path)
         self.findings.sort(key=lambda f: f.line)
         return self.findings
+
+    def read_summary(self) -> ReadSummary:
+        """The stages read (with their frontmatter status) and the headings that are no stage entry."""
+        names = [f"{name} ({status})" for name, status in self.stages.items()]
+        ignored = {}
+        for sec in self.sections:
+            name = norm_name(sec.title)
+            if name in self.stages and sec.level == 2:
+                continue
+            ignored[sec.title] = ("the title" if sec.level == 1 else "a capped list" if name in CAPS
+                                  else "not a stage in the frontmatter")
+        return ReadSummary(self.path, "markdown training guide", count_lines("\n".join(self.lines) + "\n"),
+                           names, ignored, "stages")
 
     def check_frontmatter(self) -> tuple[dict[str, str], int]:
         """Frontmatter: present, parseable, exactly two keys, integer job, known statuses."""
@@ -242,7 +278,7 @@ class GuideChecker:
         if "expected sequence" not in fields:
             return []
         line, content = fields["expected sequence"]
-        steps = [int(n) for n in INLINE_NUMBERED.findall(" ".join(t for _, t in content))]
+        steps = sequence_markers(" ".join(t for _, t in content))
         if len(steps) < 2:
             self.add(line, "TG-SEQUENCE", f"stage '{sec.title}': Expected sequence must number its "
                      "steps in order (1. ... 2. ...)")
@@ -255,9 +291,12 @@ class GuideChecker:
             if first != "unknown":
                 self.add(line, "TG-STATUS-STATE", f"stage '{stage}' is unknown in the frontmatter but "
                          f"its Status begins '{first}'")
-            elif find_credences(text) or re.search(r"\d\s*%", text):
+            elif find_credences(text) or re.search(r"\d\s*%", text) or HEDGES.search(text):
+                hedge = HEDGES.search(text)
+                said = f" (it says '{hedge.group(0)}', a credence without its word and number)" if hedge \
+                    and not find_credences(text) else ""
                 self.add(line, "TG-UNKNOWN-CLAIM", f"stage '{stage}' is unknown: its Status may say only "
-                         "that and what would fill it, with no credence")
+                         f"that and what would fill it, with no credence{said}")
             elif len(re.findall(r"[A-Za-z0-9]+", text)) < 3:
                 self.add(line, "TG-UNKNOWN-FILL", f"stage '{stage}': say what would fill the unknown "
                          "status, e.g. 'unknown; needs the zero-write arm'")
@@ -274,7 +313,8 @@ class GuideChecker:
         m = re.search(r"\b(?:step\s+)?(\d+)\b", text, re.IGNORECASE)
         if m and int(m.group(1)) in steps:
             return
-        if not m and status == "working" and re.match(r"^\W*none\b", text, re.IGNORECASE):
+        # "none, all three steps were seen in job 8": the job number is no step.
+        if status == "working" and re.match(r"^\W*none\b", text, re.IGNORECASE):
             return
         self.add(line, "TG-EARLIEST", f"stage '{stage}': Earliest unsupported link must name a step "
                  f"of its expected sequence (steps {steps[0]}-{steps[-1]})")
@@ -336,9 +376,12 @@ def main() -> int:
     if args.previous and len(args.files) != 1:
         raise InputError("--previous compares one guide; pass exactly one FILE")
     findings: list[Finding] = []
+    reads = []
     for path in args.files:
-        findings += GuideChecker(path, read_text(path)).check(args.previous)
-    return report(TOOL, args.files, findings, args.json)
+        checker = GuideChecker(path, read_text(path))
+        findings += checker.check(args.previous)
+        reads.append(checker.read_summary())
+    return report(TOOL, args.files, findings, args.json, reads=reads)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 """Read a training metrics log as it really is: mixed text, CSV exports, or TensorBoard events.
 
 A text log (JSONL or not) is read line by line: a JSON object, a Python dict as the Hugging Face
-Trainer prints it, or `key=value` / `key: value` pairs each make a row; any other line (warnings,
-tqdm bars, tracebacks) is skipped and counted. A CSV may be a plain table, a Weights & Biases chart
+Trainer prints it, `key=value` / `key: value` pairs, or `name value` fields between ` | `
+separators each make a row (a launcher's `pid=`/`rank=` prefix is dropped and listed as
+ignored); any other line (warnings, tqdm bars, tracebacks) is skipped and counted. A CSV may be a plain table, a Weights & Biases chart
 export (`<run> - <metric>` columns with `__MIN`/`__MAX` companions) or an MLflow long table (one
 row per key, value and step). TensorBoard event files are read when the optional `tensorboard`
 package is installed. Axis columns (step, epoch, global_step, timestamp, _runtime ...) order the
@@ -17,28 +18,53 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mldebug_common import (SCHEMA_VERSION, InputError, flatten, make_parser, read_records, read_text, run,
-                            sniff_format, to_float)
+from mldebug_common import (ANSI, SCHEMA_VERSION, InputError, ReadSummary, count_lines, flatten, make_parser,
+                            read_records, read_text, run, sniff_format, to_float)
 
 # Searched in this order; the trainer's own step comes before W&B's count of log calls.
 STEP_KEYS = ("step", "global_step", "_step", "iteration", "iter", "it", "epoch")
 AXIS_KEYS = frozenset(STEP_KEYS) | {"timestamp", "_timestamp", "_runtime", "wall_time", "walltime",
                                     "time_stamp", "relative_time"}
+# Who wrote a line, not what was measured: Ray prefixes every line of a worker with
+# `(TaskRunner pid=N, ip=...)`, torchrun and DeepSpeed with the rank.
+IDENTITY_KEYS = frozenset({"pid", "ip", "rank", "local_rank", "global_rank", "node_rank", "tid", "port",
+                           "worker_id", "node_id", "actor_id"})
+IDENTITY_WHY = "who wrote the line (a launcher's prefix), not a measurement"
 NOT_LOGS = {".py": "Python source", ".md": "Markdown", ".ipynb": "a notebook", ".yaml": "YAML",
             ".yml": "YAML", ".toml": "TOML", ".html": "HTML", ".pdf": "a PDF"}
 # A `file.py:328` source location is not a metric, hence the look-behind after the key.
 _KV = re.compile(r"(?<![\w./-])['\"]?([A-Za-z_][\w./-]*)(?<!\.py)['\"]?\s*[=:]\s*"
                  r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|infinity)"
                  r")(?![\w.:])", re.IGNORECASE)
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+# `name value` inside fields a line separates with ' | ' (plain loops, fairseq): `epoch 0 step 5 | loss 0.54`.
+_FIELD_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_][\w./-]*)\s+({_NUMBER})(?![\w.:%/\]])", re.IGNORECASE)
+_PIPE = re.compile(r"\s\|\s")
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
 _MLFLOW_KEY = ("key", "metric", "name", "tag")
 # Python prints non-finite floats as bare nan/inf, which literal_eval rejects; quoted, to_float reads them.
 _BARE_NONFINITE = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")
 
 
+# Logger groups under which an axis keeps its meaning (`train/global_step`, `trainer/global_step`);
+# under any other group the name measures something (`timing_s/step` is seconds per step).
+AXIS_GROUPS = frozenset({"", "train", "eval", "val", "validation", "test", "trainer", "charts", "global"})
+
+
+def axis_name(key: str) -> str | None:
+    """The axis a key names (`Step`, `train/global_step` -> step, global_step), else None."""
+    group, _, name = key.lower().rpartition("/")
+    return name if name in AXIS_KEYS and group in AXIS_GROUPS else None
+
+
 def is_axis(key: str) -> bool:
     """True for a column that orders rows (step, epoch, time) rather than measuring anything."""
-    return key.lower().rsplit("/", 1)[-1] in AXIS_KEYS
+    return axis_name(key) is not None
+
+
+def is_identity(key: str) -> bool:
+    """True for a process or host id (pid, rank, ip ...) that a launcher writes on every line."""
+    return key.lower() in IDENTITY_KEYS
 
 
 @dataclass
@@ -61,6 +87,7 @@ class MetricLog:
     skipped: int = 0
     first_skipped: tuple[int, str] | None = None
     notes: list[str] = field(default_factory=list)
+    ignored: dict[str, str] = field(default_factory=dict)  # key dropped while parsing -> why
 
     def keys(self) -> list[str]:
         """Every numeric key, in order of first appearance."""
@@ -89,7 +116,7 @@ class MetricLog:
                 raise InputError(f"{self.path}: step key '{wanted}' not found (keys: {', '.join(keys)})")
             return wanted
         for name in STEP_KEYS:
-            found = next((k for k in keys if k.lower().rsplit("/", 1)[-1] == name), None)
+            found = next((k for k in keys if axis_name(k) == name), None)
             if found:
                 return found
         return None
@@ -106,6 +133,24 @@ class MetricLog:
                 continue
             out.append((row.values[step_key] if step_key else float(i), row.values[key], row))
         return out
+
+    def read_summary(self, step_key: str | None, names: list[str] | None = None) -> ReadSummary:
+        """What was read as metrics (`names`, default all) and every key set aside, with the reason."""
+        placed = self.metrics(step_key)
+        names = placed if names is None else names
+        ignored = dict(self.ignored)
+        for k in self.keys():
+            if k in names:
+                continue
+            if k == step_key:
+                ignored[k] = "the step axis"
+            elif is_axis(k):
+                ignored[k] = "an axis, not a measurement"
+            elif k not in placed:
+                ignored[k] = f"only on rows without {step_key}"
+            else:
+                ignored[k] = "not asked for"
+        return ReadSummary(self.path, self.fmt, self.n_lines, names, ignored)
 
     def skipped_text(self) -> str:
         """One sentence on the lines that held no metric, or '' when none were skipped."""
@@ -142,23 +187,42 @@ def dict_in_line(raw: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def line_values(raw: str) -> dict[str, float]:
+    """Numeric values of one line: its dict, else its key=value / key: value pairs and its `| name value` fields."""
+    obj = dict_in_line(raw)
+    if obj is not None:
+        return numeric_fields(obj)
+    vals: dict[str, float] = {}
+    # A tqdm bar ("45%|####  | 9/20") also has pipes, but never ' | ' between named fields.
+    if len(_PIPE.split(raw)) >= 2 and "%|" not in raw:
+        vals.update((m.group(1), float(m.group(2))) for m in _FIELD_PAIR.finditer(raw))
+    vals.update((m.group(1), float(m.group(2))) for m in _KV.finditer(raw))
+    return vals
+
+
 def parse_text(path: str, text: str, fmt: str) -> MetricLog:
-    """Mixed text: dict lines and key=value lines make rows; every other non-blank line is skipped."""
+    """Mixed text: dict lines and key=value lines make rows; every other non-blank line is skipped.
+
+    Lines are numbered as an editor numbers them; the parts a carriage return separates (a tqdm
+    bar redrawn before a dict line) are read one by one, colour codes removed. Identity keys of a
+    launcher's prefix are dropped and listed as ignored.
+    """
     rows: list[LogRow] = []
     skipped, first = 0, None
-    lines = text.splitlines()
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        obj = dict_in_line(raw)
-        vals = numeric_fields(obj) if obj is not None else \
-            {m.group(1): float(m.group(2)) for m in _KV.finditer(raw)}
-        if vals:
-            rows.append(LogRow(i, raw, vals))
-        else:
-            skipped += 1
-            first = first or (i, raw)
-    return MetricLog(path, fmt, rows, len(lines), skipped, first)
+    ignored: dict[str, str] = {}
+    for i, line in enumerate(text.split("\n"), 1):
+        for raw in ANSI.sub("", line).split("\r"):
+            if not raw.strip():
+                continue
+            found = line_values(raw)
+            vals = {k: v for k, v in found.items() if not is_identity(k)}
+            ignored.update((k, IDENTITY_WHY) for k in found if k not in vals)
+            if vals:
+                rows.append(LogRow(i, raw, vals))
+            else:
+                skipped += 1
+                first = first or (i, raw)
+    return MetricLog(path, fmt, rows, count_lines(text), skipped, first, ignored=ignored)
 
 
 def parse_csv(path: str, text: str) -> MetricLog:
@@ -180,10 +244,12 @@ def parse_csv(path: str, text: str) -> MetricLog:
             vals.update({h: f for h in header
                          if is_axis(h) and (f := to_float(rec.fields.get(h))) is not None})
             rows.append(LogRow(rec.line, rec.raw, vals))
-        return MetricLog(path, "csv", rows, len(text.splitlines()), notes=notes)
+        return MetricLog(path, "csv", rows, count_lines(text), notes=notes)
     rename = wandb_columns(header)
+    ignored = {}
     if rename:
         notes.append("read as a W&B export: run prefixes dropped, __MIN/__MAX columns ignored")
+        ignored = {h: "a W&B min/max band of a plotted metric" for h in header if h.endswith(("__MIN", "__MAX"))}
     skipped, first = 0, None
     for rec in records:
         vals = {rename.get(k, k): f for k, v in rec.fields.items()
@@ -193,7 +259,7 @@ def parse_csv(path: str, text: str) -> MetricLog:
         else:
             skipped += 1
             first = first or (rec.line, rec.raw)
-    return MetricLog(path, "csv", rows, len(text.splitlines()), skipped, first, notes)
+    return MetricLog(path, "csv", rows, count_lines(text), skipped, first, notes, ignored)
 
 
 def wandb_columns(header: list[str]) -> dict[str, str]:

@@ -31,11 +31,14 @@ CREDENCE_RANGES = {word: (lo, hi) for word, lo, hi in CREDENCE_SCALE}
 _WORD_ALT = "|".join(re.escape(w).replace(r"\ ", r"\s+") for w, _, _ in CREDENCE_SCALE)
 _PCT = r"(\d{1,3}(?:\.\d+)?)\s*%"
 # "likely, 60%", "likely (60%)", "highly likely: 80 %"
+# "even chance, 50%" and "even odds (50%)": Kesselman's phrase for the middle word.
 _WORD_THEN_NUM = re.compile(
-    rf"\b({_WORD_ALT})\b[\s,:;(\[\-\u2013\u2014]*(?:about\s+|~\s*)?{_PCT}", re.IGNORECASE)
+    rf"\b({_WORD_ALT})\b(?:\s+(?:chance|odds))?[\s,:;(\[\-\u2013\u2014]*(?:about\s+|~\s*)?{_PCT}", re.IGNORECASE)
 # "60% (likely)", "60%, likely", "60% likely"
 _NUM_THEN_WORD = re.compile(rf"{_PCT}[\s,:;(\[\-\u2013\u2014]*\b({_WORD_ALT})\b", re.IGNORECASE)
 _WORD_ONLY = re.compile(rf"\b({_WORD_ALT})\b", re.IGNORECASE)
+# Colour and cursor codes that consoles (Ray, rich, colorlog) put around text.
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PCT_ONLY = re.compile(_PCT)
 
 
@@ -138,6 +141,11 @@ def check_credence_cell(text: str) -> str | None:
     if _PCT_ONLY.search(text):
         return f"credence has a number but no word; pair it with its word ({scale_text()})"
     return f"no credence found; give a word and a number, e.g. 'likely, 60%' ({scale_text()})"
+
+
+def count_lines(text: str) -> int:
+    """Lines as editors and `wc -l` count them: newline-separated, so a tqdm carriage return is not one."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 
 def line_of(text: str, offset: int) -> int:
@@ -389,6 +397,15 @@ def read_records(path: str, text: str, fmt: str) -> list[Record]:
     return records
 
 
+def records_read(path: str, text: str, fmt: str, records: Sequence[Record], used: Sequence[str | None],
+                 noun: str = "columns") -> ReadSummary:
+    """The read line of a checker that uses a few columns of a JSONL/CSV file and passes over the rest."""
+    keys = list(dict.fromkeys(k for r in records for k in r.fields))
+    taken = [k for k in used if k]
+    return ReadSummary(path, fmt, count_lines(text), taken,
+                       {k: "not used by this check" for k in keys if k not in taken}, noun)
+
+
 LOWER_IS_BETTER = re.compile(r"loss|nll|perplexity|ppl|error|err\b|mse|mae|rmse|regret", re.IGNORECASE)
 
 
@@ -402,17 +419,62 @@ def fmt_num(x: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # Reporting and exit codes
 
+READ_NAMES_SHOWN = 12
+
+
+@dataclass
+class ReadSummary:
+    """What a checker took from one file, printed before its findings so that a misread shows at once.
+
+    `names` are what it read (metrics of a log, stages of a guide ...; `noun` says which) and
+    `ignored` maps each name it set aside to the reason.
+    """
+
+    file: str
+    format: str
+    lines: int
+    names: list[str]
+    ignored: dict[str, str] = field(default_factory=dict)
+    noun: str = "metrics"
+
+    def human(self) -> str:
+        """`FILE: read: <format>, <N> lines, <noun> <names>, ignored <names> (<why>)`."""
+        by_reason: dict[str, list[str]] = {}
+        for name, why in self.ignored.items():
+            by_reason.setdefault(why, []).append(name)
+        ignored = "; ".join(f"{shorten(names)} ({why})" for why, names in by_reason.items()) or "nothing"
+        return (f"{self.file}: read: {self.format}, {self.lines} lines, {self.noun} "
+                f"{shorten(self.names) or 'none'}, ignored {ignored}")
+
+    def as_json(self) -> dict:
+        """The same as a JSON object."""
+        return {"file": self.file, "format": self.format, "lines": self.lines, "noun": self.noun,
+                "names": list(self.names),
+                "ignored": [{"name": n, "why": w} for n, w in self.ignored.items()]}
+
+
+def shorten(names: Sequence[str]) -> str:
+    """Names joined by commas, the first READ_NAMES_SHOWN of them and a count of the rest."""
+    shown = ", ".join(names[:READ_NAMES_SHOWN])
+    return shown + (f" (+{len(names) - READ_NAMES_SHOWN} more)" if len(names) > READ_NAMES_SHOWN else "")
+
 
 def report(tool: str, files: Sequence[str], findings: Iterable[Finding], as_json: bool,
-           extra: dict | None = None, human_body: str = "") -> int:
-    """Print findings as `file:line: RULE: message` lines or as JSON; return the exit code (0 or 1)."""
+           extra: dict | None = None, human_body: str = "", reads: Sequence[ReadSummary] = ()) -> int:
+    """Print findings as `file:line: RULE: message` lines or as JSON; return the exit code (0 or 1).
+
+    Each ReadSummary is printed first (in JSON: the `read` list), before the body and findings.
+    """
     findings = list(findings)
     if as_json:
         payload = {"schema_version": SCHEMA_VERSION, "tool": tool, "files": list(files),
-                   "ok": not findings, "findings": [asdict(f) for f in findings]}
+                   "ok": not findings, "read": [r.as_json() for r in reads],
+                   "findings": [asdict(f) for f in findings]}
         payload.update(extra or {})
         print(json.dumps(_sanitize(payload), indent=2, allow_nan=False))
     else:
+        for r in reads:
+            print(r.human())
         if human_body:
             print(human_body.rstrip("\n"))
         for f in findings:
@@ -447,30 +509,35 @@ def make_parser(prog: str, doc: str, epilog: str) -> argparse.ArgumentParser:
 
 
 def check_documents(tool: str, doc: str, epilog: str, metavar: str, help_text: str,
-                    check: Callable[[str, str], list[Finding]]) -> int:
-    """The whole main() of a checker that reads documents: parse arguments, check each, report."""
+                    check: Callable[[str, str], tuple[list[Finding], ReadSummary]]) -> int:
+    """The whole main() of a checker that reads documents: parse arguments, check each, report.
+
+    `check(path, text)` returns the file's findings and what it read.
+    """
     parser = make_parser(f"{tool}.py", doc, epilog)
     parser.add_argument("files", nargs="+", metavar=metavar, help=help_text)
     args = parser.parse_args()
-    findings = [f for path in args.files for f in check(path, read_text(path))]
-    return report(tool, args.files, findings, args.json)
+    results = [check(path, read_text(path)) for path in args.files]
+    return report(tool, args.files, [f for found, _ in results for f in found], args.json,
+                  reads=[read for _, read in results])
 
 
 def report_each(tool: str, files: Sequence[str], as_json: bool,
-                check: Callable[[str], tuple[list[Finding], dict, str]], key: str,
+                check: Callable[[str], tuple[list[Finding], dict, str, ReadSummary]], key: str,
                 separator: str = "\n\n") -> int:
-    """Run `check(path) -> (findings, result, text)` on every file and report them together.
+    """Run `check(path) -> (findings, result, text, read)` on every file and report them together.
 
     The per-file results go into the JSON report under `key`; the texts form the human report.
     """
     findings: list[Finding] = []
-    results, texts = [], []
+    results, texts, reads = [], [], []
     for path in files:
-        found, result, text = check(path)
+        found, result, text, read = check(path)
         findings += found
         results.append(result)
         texts.append(text)
-    return report(tool, files, findings, as_json, {key: results}, separator.join(texts))
+        reads.append(read)
+    return report(tool, files, findings, as_json, {key: results}, separator.join(texts), reads)
 
 
 def run(tool: str, main: Callable[[], int]) -> None:

@@ -18,24 +18,29 @@ import argparse
 import itertools
 import math
 from statistics import NormalDist
+from typing import Callable
 
 import numpy as np
 
-from mldebug_common import (Finding, InputError, fmt_num, make_parser, read_records, read_text,
-                            report_each, run, sniff_format, to_float)
+from mldebug_common import (Finding, InputError, ReadSummary, fmt_num, make_parser, read_records, read_text,
+                            records_read, report_each, run, sniff_format, to_float)
 
 TOOL = "paired_compare"
 EXACT_LIMIT = 16  # up to 2**16 sign patterns are enumerated exactly; beyond that, sampled
 
 
-def load_rows(path: str) -> tuple[list[dict], list[int]]:
-    """Rows as dicts plus their line numbers, from CSV/TSV or JSONL chosen by extension or content."""
+def load_rows(path: str) -> tuple[list[dict], list[int], Callable[[list[str]], ReadSummary]]:
+    """Rows as dicts, their line numbers, and a maker of the read line given the columns used.
+
+    The file is CSV/TSV or JSONL, chosen by extension or content.
+    """
     text = read_text(path)
     if not text.strip():
         raise InputError(f"{path}: empty file")
     fmt = "jsonl" if sniff_format(path, text) == "jsonl" else "csv"
     records = read_records(path, text, fmt)
-    return [r.fields for r in records], [r.line for r in records]
+    return ([r.fields for r in records], [r.line for r in records],
+            lambda used: records_read(path, text, fmt, records, used))
 
 
 def default_metric(rows: list[dict], exclude: set[str]) -> str:
@@ -101,9 +106,9 @@ def seeds_to_resolve(diffs: np.ndarray, level: float) -> tuple[int | None, str]:
                     f"{alpha:.3g} with fewer pairs however they agree")
 
 
-def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str]:
-    """Pair the two arms by seed and compute the comparison; return findings, JSON and text."""
-    rows, lines = load_rows(path)
+def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str, ReadSummary]:
+    """Pair the two arms by seed and compute the comparison; return findings, JSON, text and the read line."""
+    rows, lines, read = load_rows(path)
     if not rows:
         raise InputError(f"{path}: no rows")
     for col in (args.arm_key, args.pair_key):
@@ -155,7 +160,7 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
     if len(keys) == 0:
         result["verdict"] = "unresolved"
         findings.append(Finding(path, 1, "UNRESOLVED", "no complete pairs to compare"))
-        return findings, result, "\n".join(text)
+        return findings, result, "\n".join(text), read([args.arm_key, args.pair_key, metric])
     wins, losses = int(np.sum(diffs > 0)), int(np.sum(diffs < 0))
     spread_a = float(np.std(xa, ddof=1)) if len(xa) > 1 else float("nan")
     spread_b = float(np.std(xb, ddof=1)) if len(xb) > 1 else float("nan")
@@ -178,7 +183,7 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
         text.append(f"  {why_needed}")
         findings.append(Finding(path, 1, "UNRESOLVED", f"{len(keys)} paired {args.pair_key}(s) is too "
                                 f"few to separate the arms (need {args.min_seeds}); {why_needed}"))
-        return findings, result, "\n".join(text)
+        return findings, result, "\n".join(text), read([args.arm_key, args.pair_key, metric])
     lo, hi = bootstrap_interval(diffs, args.level, args.bootstrap, args.seed)
     p = sign_flip_p(diffs, args.seed)
     spread = max(spread_a, spread_b)
@@ -206,7 +211,7 @@ def compare(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, s
         winner = a if mean > 0 else b
         result["verdict"] = f"{winner} higher"
         text.append(f"  verdict: {winner} higher on {metric} (interval excludes zero)")
-    return findings, result, "\n".join(text)
+    return findings, result, "\n".join(text), read([args.arm_key, args.pair_key, metric])
 
 
 def main() -> int:

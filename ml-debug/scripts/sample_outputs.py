@@ -9,7 +9,9 @@ the rest, a phrase repeated in a loop, or a refusal. When the outputs are class 
 distinct short values, each repeated), repeats and lengths are what a classifier's outputs look
 like, so those two checks are skipped and the label counts are printed instead. The sampling rule
 is printed with the rows, as P1 step 3 and P3 step 4 ask. With --group-key (e.g. arm) every group
-gets its own picks. Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.
+gets its own picks. When every output of a group (of 8 rows or more) is the same label, the classifier has collapsed
+(COLLAPSED), which its mean score can hide. Exit 0 no anomalous row, 1 anomalous rows or a
+collapse found, 2 unreadable input.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from mldebug_common import (Finding, InputError, Record, make_parser, read_records, read_text,
-                            report_each, run, to_float)
+from mldebug_common import (Finding, InputError, ReadSummary, Record, make_parser, read_records, read_text,
+                            records_read, report_each, run, to_float)
 
 TOOL = "sample_outputs"
 SCORE_KEYS = ("score", "reward", "correct", "accuracy", "acc", "judge_score", "pass")
@@ -33,6 +35,9 @@ REFUSAL = re.compile(r"^\W*(i can(?:'|\u2019)?t|i cannot|i'm sorry|i am sorry|as
 LENGTH_Z = 3.5
 LOOP_NGRAM, LOOP_REPEATS = 4, 4
 LABEL_MAX_WORDS, LABEL_MAX_DISTINCT = 3, 20
+# A group this large answering with one label throughout has collapsed: a chance of 1 / classes per
+# row makes it all but impossible for a model that tells the classes apart.
+COLLAPSE_MIN_ROWS = 8
 
 
 def label_counts(texts: list[str]) -> Counter | None:
@@ -48,6 +53,23 @@ def label_counts(texts: list[str]) -> Counter | None:
     if len(counts) > min(LABEL_MAX_DISTINCT, len(filled) // 2):
         return None
     return counts
+
+
+def collapsed(path: str, groups: dict[str, list[Record]], text_key: str, group_key: str | None) -> list[Finding]:
+    """A group of class-label outputs in which every row got the same label (P1 step 3's collapse).
+
+    The mean score can look fine (the majority class is often right), which is why the label counts
+    are read, not the average.
+    """
+    out = []
+    for group, rows in groups.items():
+        labels = {str(r.fields.get(text_key, "")).strip() for r in rows}
+        if len(rows) >= COLLAPSE_MIN_ROWS and len(labels) == 1:
+            where = f"'{group_key}' = {group}: " if group_key else ""
+            out.append(Finding(path, rows[0].line, "COLLAPSED",
+                               f"{where}all {len(rows)} outputs are the label '{labels.pop()}'; the model "
+                               "answers one class whatever the input, which a mean score hides"))
+    return out
 
 
 def pick_key(records: list[Record], wanted: str | None, candidates: tuple[str, ...], what: str,
@@ -139,8 +161,8 @@ def choose(rows: list[Record], score_key: str, id_key: str | None, seed: int,
     }
 
 
-def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str]:
-    """Choose the rows for one file and format them with the sampling rule."""
+def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, str, ReadSummary]:
+    """Choose the rows for one file and format them with the sampling rule; also return the read line."""
     text = read_text(path)
     records = read_records(path, text, "jsonl")
     if not records:
@@ -182,18 +204,22 @@ def sample(path: str, args: argparse.Namespace) -> tuple[list[Finding], dict, st
                 out_lines.append(f"\n== {label}: line {line}{why}")
                 out_lines.append(json.dumps(by_line[line].fields, indent=2, ensure_ascii=False))
     findings = [Finding(path, line, "ANOMALOUS", "; ".join(rs)) for line, rs in sorted(reasons.items())]
+    if counts:
+        findings += collapsed(path, groups, text_key, args.group_key)
     result = {"file": path, "rows": len(records), "score_key": score_key, "text_key": text_key,
               "label_counts": dict(counts) if counts else None,
               "rule": rule, "picks": picks,
               "records": {str(line): by_line[line].fields for g in picks.values()
                           for lines in g.values() for line in lines}}
-    return findings, result, "\n".join(out_lines)
+    read = records_read(path, text, "jsonl", records, [score_key, text_key, input_key, id_key, args.group_key],
+                        "keys")
+    return findings, result, "\n".join(out_lines), read
 
 
 def main() -> int:
     """Parse arguments, sample each file, print the rows and return the exit code."""
     parser = make_parser("sample_outputs.py", __doc__,
-                         "Exit 0 no anomalous row, 1 anomalous rows found, 2 unreadable input.")
+                         "Exit 0 no anomalous row, 1 anomalous rows or a collapse found, 2 unreadable input.")
     parser.add_argument("files", nargs="+", metavar="EVAL.jsonl",
                         help="evaluation rows, one JSON object a line")
     parser.add_argument("--score-key", help=f"score field (default: first of {', '.join(SCORE_KEYS)})")

@@ -16,7 +16,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from mldebug_common import Finding, InputError, make_parser, read_text, report, run
+from mldebug_common import Finding, InputError, ReadSummary, count_lines, make_parser, read_text, report, run
 from tensor_flow import (LOSSES, benign_detach, call_name, last, normalised_twice, parents_of,
                          reference_forward)
 
@@ -166,6 +166,8 @@ class Scanner(ast.NodeVisitor):
         self.per_epoch_scheds: set[str] = set()
         self.jax_random = {"jax.random"}
         self.forward_softmax = False  # a forward() returns probabilities
+        self.functions: dict[str, ast.FunctionDef] = {}  # functions and methods of the file, by name
+        self.training_loops: list[int] = []  # lines of the loops that run backward
 
     def hit(self, node: ast.AST | int, rule: str, detail: str = "") -> None:
         """Record a rule hit at a node's line (or a line number), with what was found there."""
@@ -177,6 +179,8 @@ class Scanner(ast.NodeVisitor):
     def scan(self, tree: ast.Module) -> None:
         """Collect names bound to losses, schedulers and JAX aliases, then run every rule."""
         for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, node)
             if isinstance(node, ast.FunctionDef) and node.name == "forward":
                 self.forward_softmax |= any(
                     isinstance(r, ast.Return) and r.value is not None and is_softmax(r.value)
@@ -308,6 +312,7 @@ class Scanner(ast.NodeVisitor):
         if has_backward and not inner_train and any(is_opt_step(c) for c in body_calls):
             self.loop_order(node, body_calls)
         if has_backward:
+            self.training_loops.append(node.lineno)
             self.loop_modes(node, body_calls)
             for loop in inner_loops:
                 for call in calls_in(loop.body):
@@ -340,11 +345,35 @@ class Scanner(ast.NodeVisitor):
             self.hit(loop, "SB-NO-ZERO-GRAD")
 
     def loop_modes(self, loop: ast.AST, calls: list[ast.Call]) -> None:
-        """A training loop that switches to eval() must switch back with train()."""
-        evals = [c for c in calls if last(call_name(c)) == "eval" and not c.args]
+        """A training loop that switches to eval() must switch back with train().
+
+        The switch often sits in a helper the loop calls (`evaluate(model)`), so the calls of the
+        file's own functions that the loop calls are read too, two calls deep.
+        """
         trains = [c for c in calls if last(call_name(c)) == "train"]
+        evals = [c for c in calls if last(call_name(c)) == "eval" and not c.args]
         if evals and not trains:
             self.hit(evals[0], "SB-EVAL-NO-TRAIN")
+            return
+        for call in calls:
+            inner = self.helper_calls(call, depth=2)
+            if trains or any(last(call_name(c)) == "train" for c in inner):
+                continue
+            switch = next((c for c in inner if last(call_name(c)) == "eval" and not c.args), None)
+            if switch is not None:
+                self.hit(call, "SB-EVAL-NO-TRAIN", f"{last(call_name(call))}() switches to eval() on line "
+                         f"{switch.lineno} and the loop never calls train()")
+                return
+
+    def helper_calls(self, call: ast.Call, depth: int) -> list[ast.Call]:
+        """The calls made by the file's own function that `call` runs, following helpers `depth` deep."""
+        # Only a plain call or a call on self names the file's own function; `opt.step()` is not `def step`.
+        own = isinstance(call.func, ast.Name) or receiver(call) in ("self", "cls")
+        fn = self.functions.get(last(call_name(call))) if own else None
+        if fn is None or depth == 0:
+            return []
+        inner = calls_in(fn.body)
+        return inner + [c for sub in inner for c in self.helper_calls(sub, depth - 1)]
 
     def module_rules(self, tree: ast.Module) -> None:
         """Whole-file rules: validation without eval(), shuffled splits of time-ordered data."""
@@ -422,8 +451,11 @@ def code_part(line: str) -> str:
     return line
 
 
-def scan_file(path: str, show_all: bool) -> list[Finding]:
-    """All findings for one Python file, deduplicated and in line order."""
+def scan_file(path: str, show_all: bool) -> tuple[list[Finding], ReadSummary]:
+    """The findings for one Python file, deduplicated and in line order, and what was read.
+
+    What was read: the training loops found, and the lines passed over as marked ok.
+    """
     source = read_text(path)
     lines = source.splitlines()
     comments = comment_lines_of(source)
@@ -446,15 +478,20 @@ def scan_file(path: str, show_all: bool) -> list[Finding]:
     else:
         scanner.scan(tree)
         hits += scanner.hits
+    ignored: dict[str, str] = {}
     for line_no, rule_id in sorted(set(hits)):
         rule = RULES[rule_id]
         text = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
+        if SUPPRESS.search(text) and (rule.default or show_all):
+            ignored[f"line {line_no}"] = "marked '# ml-debug: ok'"
         if (not rule.default and not show_all) or SUPPRESS.search(text):
             continue
         detail = scanner.details.get((line_no, rule_id))
         findings.append(Finding(path, line_no, rule_id, f"`{text.strip()[:100]}`: "
                                 + (f"{detail}; " if detail else "") + rule.check))
-    return sorted(findings, key=lambda f: (f.line, f.rule))
+    loops = [str(n) for n in sorted(set(scanner.training_loops))]
+    read = ReadSummary(path, "python", count_lines(source), loops, ignored, "training loops (lines)")
+    return sorted(findings, key=lambda f: (f.line, f.rule)), read
 
 
 def expand(paths: list[str]) -> list[str]:
@@ -488,9 +525,12 @@ def main() -> int:
     args = parser.parse_args()
     files = expand(args.files)
     findings: list[Finding] = []
+    reads = []
     for path in files:
-        findings += scan_file(path, args.all)
-    return report(TOOL, files, findings, args.json)
+        found, read = scan_file(path, args.all)
+        findings += found
+        reads.append(read)
+    return report(TOOL, files, findings, args.json, reads=reads)
 
 
 if __name__ == "__main__":

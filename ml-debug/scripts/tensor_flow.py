@@ -5,7 +5,8 @@ Follows names through assignments, reshapes (view, reshape, flatten, transpose .
 (.float(), .to()), indexing and method calls such as `x.softmax(-1)`, so that probabilities reaching
 a loss that normalises its input again are found however they were reshaped. Also recognises the
 `.detach()` idioms that are right (old log-probabilities of a policy ratio, `x - x.detach()`, a
-ratio's denominator, a GAN's detached fake batch, targets and advantages, values sent to a logger)
+ratio's denominator, a call given both a tensor and its detached copy, a GAN's detached fake
+batch, targets and advantages, values sent to a logger)
 and `torch.no_grad()` blocks that run a reference model rather than an evaluation. The reasons are
 in references/static_analysis.md. Run directly to print what each assignment in a file carries.
 """
@@ -153,6 +154,9 @@ def benign_detach(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> str | None
         if method not in PRESERVING:
             break
         node, parent = parents[parent], parents.get(parents[parent])
+    # `old = x.detach() if cached is None else cached`: the branch is what gets stored.
+    while isinstance(parent, ast.IfExp) and node is not parent.test:
+        node, parent = parent, parents.get(parent)
     if name_parts(receiver) & NO_GRAD_PARTS:
         return "the tensor is a target, a reference or an old policy's output by name"
     for ancestor in ancestors(node, parents):
@@ -169,6 +173,15 @@ def benign_detach(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> str | None
         return "x - x.detach() or x / x.detach(): value one, gradient kept through the other side"
     if isinstance(parent, ast.Call) and node in parent.args and last(call_name(parent)) in LOGGING:
         return "value sent to a logger"
+    if isinstance(parent, ast.keyword) and parent.arg and name_parts(parent.arg) & NO_GRAD_PARTS:
+        return "passed as the old/reference argument by name"
+    call = parents.get(parent) if isinstance(parent, ast.keyword) else parent
+    if isinstance(call, ast.Call) and receiver:
+        others = [a for a in call.args if a is not node] + [k.value for k in call.keywords if k.value is not node]
+        if any(ast.unparse(a) == receiver for a in others):
+            # loss(logp, logp.detach(), adv): the on-policy ratio exp(logp - logp.detach()) is one in value
+            # and has the gradient of logp, the PPO/GRPO loss with a single update per batch.
+            return "the call gets the tensor and its detached copy: an on-policy ratio"
     return None
 
 

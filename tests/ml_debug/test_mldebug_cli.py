@@ -107,7 +107,10 @@ def test_usage_error_exits_2(cli):
 
 def test_read_curves_p1_table_from_shell(cli, skill):
     res = cli("read_curves", skill.examples / "run.log", "--p1-table", "--metrics", "loss,eval_acc")
-    lines = res.out.splitlines()
+    read, *lines = res.out.splitlines()
+    assert read.endswith("run.log: read: text, 111 lines, metrics loss, eval_acc, ignored job, warmup, batch_size, "
+                         "max_steps, seed, train_rows, eval_rows, max_len, steps, wall_time_s (only on rows without "
+                         "step); lr, grad_norm, eval_loss (not asked for); step (the step axis)")
     assert lines[0] == "| risky part | expected | start | early | middle | end | quoted line |"
     assert lines[2].startswith("| <risky part read by loss> |") and "3.653 (step 0)" in lines[2]
 

@@ -31,7 +31,7 @@ def paired(diffs, base=0.5):
 
 def test_resolved_when_every_seed_agrees(tmp_path):
     path = csv_file(tmp_path, paired([0.03, 0.04, 0.05, 0.035, 0.045, 0.04]))
-    findings, result, text = compare(path, args(a="new", b="base"))
+    findings, result, text, _ = compare(path, args(a="new", b="base"))
     assert findings == []
     assert result["verdict"] == "new higher"
     assert result["mean_diff"] == pytest.approx(0.04)
@@ -43,13 +43,13 @@ def test_resolved_when_every_seed_agrees(tmp_path):
 
 def test_differences_are_raw_units_not_z_scores(tmp_path):
     path = csv_file(tmp_path, paired([2.0, 4.0, 6.0], base=100))
-    _, result, _ = compare(path, args(a="new", b="base"))
+    _, result, _, _ = compare(path, args(a="new", b="base"))
     assert result["pairs"] == {"0": 2.0, "1": 4.0, "2": 6.0}
 
 
 def test_too_few_seeds_is_unresolved(tmp_path):
     path = csv_file(tmp_path, paired([0.05]))
-    findings, result, text = compare(path, args())
+    findings, result, text, _ = compare(path, args())
     assert result["verdict"] == "unresolved"
     assert [f.rule for f in findings] == ["UNRESOLVED"]
     assert "too few" in findings[0].message
@@ -57,14 +57,14 @@ def test_too_few_seeds_is_unresolved(tmp_path):
 
 def test_interval_spanning_zero_is_unresolved(tmp_path):
     path = csv_file(tmp_path, paired([0.05, -0.04, 0.03, -0.05, 0.02, -0.01]))
-    findings, result, _ = compare(path, args())
+    findings, result, _, _ = compare(path, args())
     assert result["verdict"] == "unresolved"
     assert "spans zero" in findings[0].message
 
 
 def test_unanimous_but_few_seeds_is_unresolved_by_the_sign_flip_test(tmp_path):
     path = csv_file(tmp_path, paired([0.03, 0.04, 0.05, 0.04]))
-    findings, result, _ = compare(path, args())
+    findings, result, _, _ = compare(path, args())
     assert result["interval"][0] > 0 or result["interval"][1] < 0
     assert result["verdict"] == "unresolved"
     assert "sign-flip p = 0.125" in findings[0].message
@@ -72,7 +72,7 @@ def test_unanimous_but_few_seeds_is_unresolved_by_the_sign_flip_test(tmp_path):
 
 def test_unpaired_and_nonfinite_rows_are_reported_not_dropped(tmp_path):
     rows = paired([0.03, 0.04, 0.05, 0.03, 0.04, 0.05]) + [("new", 9, 0.7), ("base", 10, "nan")]
-    findings, result, _ = compare(csv_file(tmp_path, rows), args())
+    findings, result, _, _ = compare(csv_file(tmp_path, rows), args())
     assert sorted(f.rule for f in findings) == ["NONFINITE", "UNPAIRED", "UNPAIRED"]
     assert result["n_pairs"] == 6
 
@@ -80,7 +80,7 @@ def test_unpaired_and_nonfinite_rows_are_reported_not_dropped(tmp_path):
 def test_default_metric_is_last_numeric_column(tmp_path):
     rows = [(a, s, 0.5 + s / 100, f"run{s}") for a in ("x", "y") for s in range(3)]
     path = csv_file(tmp_path, rows, header="arm,seed,acc,name")
-    _, result, _ = compare(path, args())
+    _, result, _, _ = compare(path, args())
     assert result["metric"] == "acc"
 
 
@@ -89,7 +89,7 @@ def test_jsonl_input_and_named_arms(tmp_path):
     rows = [{"arm": arm, "seed": s, "loss": 1.0 + (0.1 if arm == "b" else 0) + s / 50}
             for arm in ("a", "b", "c") for s in range(6)]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    _, result, _ = compare(str(path), args(a="b", b="a"))
+    _, result, _, _ = compare(str(path), args(a="b", b="a"))
     assert result["mean_diff"] == pytest.approx(0.1)
     with pytest.raises(InputError, match="3 arm"):
         compare(str(path), args())

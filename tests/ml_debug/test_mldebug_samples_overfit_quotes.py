@@ -28,7 +28,7 @@ def normal_rows(n=12):
 
 
 def test_best_worst_random_and_rule_text(tmp_path):
-    findings, result, text = sample(eval_file(tmp_path, normal_rows()), sample_args())
+    findings, result, text, _ = sample(eval_file(tmp_path, normal_rows()), sample_args())
     picks = result["picks"]["all"]
     assert findings == [] and picks["anomalous"] == []
     assert picks["best"] == [12] and picks["worst"] == [1]
@@ -38,8 +38,8 @@ def test_best_worst_random_and_rule_text(tmp_path):
 
 def test_random_pick_is_stable_under_reordering_and_changes_with_seed(tmp_path):
     rows = normal_rows(30)
-    _, r1, _ = sample(eval_file(tmp_path, rows, "a.jsonl"), sample_args())
-    _, r2, _ = sample(eval_file(tmp_path, rows[::-1], "b.jsonl"), sample_args())
+    _, r1, _, _ = sample(eval_file(tmp_path, rows, "a.jsonl"), sample_args())
+    _, r2, _, _ = sample(eval_file(tmp_path, rows[::-1], "b.jsonl"), sample_args())
     first = r1["records"][str(r1["picks"]["all"]["random"][0])]["id"]
     second = r2["records"][str(r2["picks"]["all"]["random"][0])]["id"]
     assert first == second
@@ -61,13 +61,13 @@ def test_random_pick_is_stable_under_reordering_and_changes_with_seed(tmp_path):
 def test_each_anomaly_rule(tmp_path, change, reason):
     rows = normal_rows()
     rows[3].update(change)
-    findings, result, _ = sample(eval_file(tmp_path, rows), sample_args())
+    findings, result, _, _ = sample(eval_file(tmp_path, rows), sample_args())
     assert 4 in result["picks"]["all"]["anomalous"]
     assert any(reason in f.message and f.line == 4 and f.rule == "ANOMALOUS" for f in findings)
 
 
 def test_groups_get_their_own_picks(skill):
-    findings, result, text = sample(str(skill.examples / "eval.jsonl"), sample_args(group_key="arm"))
+    findings, result, text, _ = sample(str(skill.examples / "eval.jsonl"), sample_args(group_key="arm"))
     assert set(result["picks"]) == {"base", "lora"}
     assert result["picks"]["lora"]["worst"] == [10]
     assert {f.line for f in findings} == {9, 10}
@@ -95,35 +95,35 @@ def loss_log(tmp_path, values, key="loss"):
 
 
 def test_overfit_near_zero_passes_with_the_number(tmp_path):
-    findings, summary, text = check_overfit(loss_log(tmp_path, [2.3, 0.9, 0.1, 0.004]), overfit_args())
+    findings, summary, text, _ = check_overfit(loss_log(tmp_path, [2.3, 0.9, 0.1, 0.004]), overfit_args())
     assert findings == [] and summary["near_zero"] and summary["final"] == 0.004
     assert "2.3 (step 0) -> 0.004 (step 30)" in text and "near zero: yes" in text
 
 
 def test_overfit_not_near_zero(tmp_path):
-    findings, summary, _ = check_overfit(loss_log(tmp_path, [2.3, 1.4, 1.1, 0.9]), overfit_args())
+    findings, summary, _, _ = check_overfit(loss_log(tmp_path, [2.3, 1.4, 1.1, 0.9]), overfit_args())
     assert [f.rule for f in findings] == ["OVERFIT-NOT-ZERO"]
     assert "final loss 0.9 is above target 0.05" in findings[0].message
 
 
 def test_overfit_came_back_up_and_nonfinite(tmp_path):
-    findings, _, _ = check_overfit(loss_log(tmp_path, [2.3, 0.01, 0.3]), overfit_args())
+    findings, _, _, _ = check_overfit(loss_log(tmp_path, [2.3, 0.01, 0.3]), overfit_args())
     assert "came back up" in findings[0].message
-    findings, _, _ = check_overfit(loss_log(tmp_path, [2.3, 0.01, float("nan")]), overfit_args())
+    findings, _, _, _ = check_overfit(loss_log(tmp_path, [2.3, 0.01, float("nan")]), overfit_args())
     assert "is not finite" in findings[0].message
 
 
 def test_overfit_relative_threshold_and_metric_choice(tmp_path):
     path = loss_log(tmp_path, [40.0, 5.0, 0.3], key="train_loss")
     assert check_overfit(path, overfit_args())[0] != []
-    findings, summary, _ = check_overfit(path, overfit_args(relative=0.01))
+    findings, summary, _, _ = check_overfit(path, overfit_args(relative=0.01))
     assert findings == [] and summary["metric"] == "train_loss" and summary["threshold"] == 0.4
 
 
 def test_overfit_initial_loss_against_chance(tmp_path):
-    findings, _, _ = check_overfit(loss_log(tmp_path, [0.2, 0.01, 0.001]), overfit_args(num_classes=10))
+    findings, _, _, _ = check_overfit(loss_log(tmp_path, [0.2, 0.01, 0.001]), overfit_args(num_classes=10))
     assert [f.rule for f in findings] == ["OVERFIT-INIT"]
-    findings, _, _ = check_overfit(loss_log(tmp_path, [2.31, 0.01, 0.001]), overfit_args(num_classes=10))
+    findings, _, _, _ = check_overfit(loss_log(tmp_path, [2.31, 0.01, 0.001]), overfit_args(num_classes=10))
     assert findings == []
 
 

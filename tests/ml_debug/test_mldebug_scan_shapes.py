@@ -154,7 +154,7 @@ def distill_step(student, teacher_model, batch, optimizer):
 def rules(tmp_path, source, show_all=False):
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(source))
-    return [f.rule for f in scan_file(str(path), show_all)]
+    return [f.rule for f in scan_file(str(path), show_all)[0]]
 
 
 def fill(template, **parts):
@@ -173,7 +173,7 @@ def test_hf_trainer_probabilities_reach_cross_entropy_however_reshaped(tmp_path,
 def test_softmax_cross_entropy_message_names_where_the_probabilities_were_made(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(fill(HF_TRAINER, body=HF_BAD[0])))
-    (finding,) = scan_file(str(path), False)
+    (finding,) = scan_file(str(path), False)[0]
     assert "its input is probabilities (made on line 11) and cross_entropy normalises again" in finding.message
 
 
@@ -217,7 +217,7 @@ def test_all_does_not_call_a_dataloader_import_a_data_read(tmp_path):
               "loader = torch.utils.data.DataLoader(ds)\nw = layer.weight.data\n")
     path = tmp_path / "train.py"
     path.write_text(source)
-    found = [(f.line, f.rule) for f in scan_file(str(path), True)]
+    found = [(f.line, f.rule) for f in scan_file(str(path), True)[0]]
     assert found == [(4, "SB-DATA-READ")]
 
 

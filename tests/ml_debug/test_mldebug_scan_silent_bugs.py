@@ -35,7 +35,7 @@ def train(model, loader, val_loader, opt, sched, epochs):
 def scan(tmp_path, source, show_all=False):
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(source))
-    return scan_file(str(path), show_all)
+    return scan_file(str(path), show_all)[0]
 
 
 def rules(tmp_path, source, show_all=False):
@@ -174,7 +174,7 @@ def test_unparseable_file_still_gets_line_rules(tmp_path):
 
 
 def test_example_script_findings(skill):
-    found = {f.rule for f in scan_file(str(skill.examples / "train_buggy.py"), False)}
+    found = {f.rule for f in scan_file(str(skill.examples / "train_buggy.py"), False)[0]}
     assert found == {"SB-WORKER-RNG", "SB-FIT-LEAK", "SB-NO-ZERO-GRAD", "SB-SOFTMAX-CE", "SB-NAN-MASK",
                      "SB-SCHED-PER-BATCH", "SB-EVAL-NO-TRAIN", "SB-SQUEEZE-ALL"}
 
