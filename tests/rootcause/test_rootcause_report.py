@@ -58,7 +58,7 @@ def test_report_keys_and_values(analyze, case):
     res = analyze(**CASES[case])
     doc = strict_json(res.out / "output_5_root_cause_report.json")
     assert TOP_KEYS <= set(doc)
-    assert doc["schema_version"].split(".")[0] == "2"
+    assert doc["schema_version"].split(".")[0] == "3"
     assert doc["verdict"] in VERDICTS
     assert doc["mode"] == "statistics"
     assert doc["partial"] is False

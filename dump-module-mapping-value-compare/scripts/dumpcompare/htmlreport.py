@@ -279,7 +279,7 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
         marks.append((where[fd["pair"]], "first divergence", "first-divergence", "#6a1b9a"))
     for c in (root or {}).get("root_causes", []):
         ev = c.get("evidence") or {}
-        pid = (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
+        pid = ev.get("finding_pair") or (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
         if pid in where:
             marks.append((where[pid], f"root cause {c.get('rank')}", "root-cause", "#c62828"))
     for n, (k, label, cls, colour) in enumerate(marks):

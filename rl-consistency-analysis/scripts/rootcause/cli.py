@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import credence, evidence, report, sibling, triage
+from . import credence, evidence, input_checks, report, sibling, triage
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 # The compare options are declared here again, not taken from the compare skill: this skill
@@ -104,15 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script = sibling.locate(SKILL_ROOT)
         credence.scale()        # fail before the long compare step when the scale is missing
+        notes = input_checks.before(args)
         if not args.reuse_outputs:
             sibling.run(script, _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
+        notes += input_checks.after(ev, {"train": args.train_family, "rollout": args.rollout_family})
         tri = triage.run(ev)
-        doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
+        argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+        doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out),
+                                     "argv": argv}, notes)
         report.write(out, doc)
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
         report.write_text(out / report.HTML, page)
-    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError) as exc:
+    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, input_checks.InputMistake) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback
