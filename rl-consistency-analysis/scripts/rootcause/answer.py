@@ -26,7 +26,7 @@ UNCALIBRATED = "uncalibrated"
 FIELD_NAMES = (
     "schema_version", "root_causes", "other_candidates", "first_divergence", "reaches_output", "reference_forward",
     "side_reason", "side_evidence", "missing_on", "op_module", "train_module", "rollout_module", "confidence_word",
-    "confidence_notes", "confidence_text", "next_checks", "config_keys", "rules_fired", "suspect_pair",
+    "confidence_notes", "confidence_text", "category_text", "next_checks", "config_keys", "rules_fired", "suspect_pair",
     "finding_pair", "previous_aligned", "differing_points", "differing_parameters", "output_error_margin",
     "diverged_calls", "aligned_by", "rank_reason", "module_priority_rank", "input_status", "input_status_source",
     "parameter_status", "output_status", "structural_clean", "structural_different", "structural_not_compared",

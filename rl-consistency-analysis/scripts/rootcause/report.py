@@ -45,6 +45,7 @@ def _finding(ev: Evidence, f: dict, reach: bool | None, argv: list[str]) -> dict
     out = {k: f[k] for k in _KEEP if k in f}
     out["numbers"] = explain.numbers(ev, triage.own_pair(f))
     out["refuted"] = explain.refuted(f, out["numbers"], reach)
+    out["category_text"] = answer.CATEGORY_WORDS.get(f["category"], f["category"])
     out["confidence_text"] = answer.confidence_text(f.get("confidence"), f.get("confidence_word"))
     if "next_checks" in f:
         out["next_checks"] = commands.checks(f["next_checks"], argv)
@@ -166,9 +167,10 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
         if first:
             lines.append(f"next check: {first['check']}")
             lines += _command_line(first["command"])
-        if a["decide_side"] and not (first and first["command"] == a["decide_side"]["command"]):
-            lines.append(f"to decide the side: {a['decide_side']['check']}")
-            lines += _command_line(a["decide_side"]["command"])
+        if a["decide_side"]:
+            same = bool(first) and first["command"] == a["decide_side"]["command"]
+            lines.append(f"to decide the side: {a['decide_side']['check']}" + (" (the command above)" if same else ""))
+            lines += [] if same else _command_line(a["decide_side"]["command"])
         if rc["more"]:
             lines.append(f"{rc['more']} more root-cause candidate(s) in the report")
     fd = doc.get("first_divergence") or {}
