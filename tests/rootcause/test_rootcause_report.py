@@ -209,12 +209,16 @@ def test_credence_clamp_stays_on_the_scale(x):
     assert credence.word(c) == expected_word(c)
 
 
-def test_credence_scale_is_defined_once_for_both_skills():
-    # Issue 14: the scale lives in ml-debug's credence_scale.json; neither skill's code repeats it.
+def test_credence_scale_is_one_file_copied_into_each_skill():
+    # Issue 14: the scale is ml-debug's credence_scale.json; neither skill's code repeats it. Issue 26:
+    # the root-cause skill ships an identical copy, so it runs without ml-debug beside it.
     from pathlib import Path
 
     import mldebug_common as mc
     from rootcause import credence
+    ml_debug = Path(mc.__file__).with_name("credence_scale.json")
+    assert credence.SCALE_FILE != ml_debug
+    assert credence.SCALE_FILE.read_bytes() == ml_debug.read_bytes()
     doc = json.loads(credence.SCALE_FILE.read_text(encoding="utf-8"))["scale"]
     assert sorted((d["low"], d["word"]) for d in doc) == sorted(credence.scale())
     assert sorted((d["word"], d["low"], d["high"]) for d in doc) == sorted(mc.CREDENCE_SCALE)
