@@ -74,6 +74,8 @@ def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
            "input_notes": list(input_notes), "root_cause": None, "next_checks": [], "decide_side": None}
     if out["nothing_compared"]:
         out["verdict"] = "nothing was compared: this is not an all-clear"
+    elif doc["verdict"] == "inconclusive" and not (doc.get("comparability") or {}).get("comparable", True):
+        out["verdict"] = "inconclusive: the two dumps cannot be compared as they are (see the notes)"
     if doc["root_causes"]:
         top = doc["root_causes"][0]
         out["root_cause"] = {

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_root_cause_analysis.py",
         description="Regenerate output_1..4 with the sibling dump-module-mapping-value-compare skill, then find "
                     "the first credible divergence between a train and a rollout dump and write "
-                    "output_5_root_cause_report.json (the markdown report is written by the agent).",
+                    "output_5_root_cause_report.json and report.html.",
         epilog="Exit codes: 0 the analysis ran (any verdict); 1 with --fail-on-finding when the verdict is not "
                "no_credible_divergence; 2 usage or input error, or the sibling skill is missing or failed.")
     ap.add_argument("--train", required=True,
@@ -46,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", required=True, help="folder for output_1..output_5")
     ap.add_argument("--format", choices=FORMATS, help="passed to the compare step (default auto)")
     for side in ("train", "rollout"):
-        ap.add_argument(f"--{side}-step", help="passed to the compare step")
-        ap.add_argument(f"--{side}-rank", help="passed to the compare step")
+        ap.add_argument(f"--{side}-step", help=f"step folder(s) to use when --{side} holds several: one (0 or "
+                        f"step0), a range such as 0-8 or a list such as 0,3,5, joined in order; passed to the "
+                        f"compare step")
+        ap.add_argument(f"--{side}-rank", help=f"rank folder to use when --{side} holds several (0, rank0, proc123), "
+                        f"or 'all' to merge the ranks of one step; passed to the compare step")
         ap.add_argument(f"--{side}-family", choices=FAMILIES, help="passed to the compare step")
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
@@ -61,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-forward", action=argparse.BooleanOptionalAction, default=None,
                     help="hold both sides against a numpy forward of the checkpoint (default: on with --model for a "
                          "supported family), passed to the compare step")
-    ap.add_argument("--token-ids", help="the token ids the engines ran (JSON list or file), passed to the compare step")
+    ap.add_argument("--token-ids", help="the token ids the engines ran, a JSON list such as [1, 2, 3] or a file "
+                    "holding one; read by the reference forward (needs --model); passed to the compare step")
     ap.add_argument("--plan", help="an output_2_mapping.json of an earlier run whose mapping plan the compare step "
                     "executes instead of mapping again, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
