@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-forward", action=argparse.BooleanOptionalAction, default=None,
                     help="run the checkpoint's forward in numpy on each side's tokens and hold both sides against it "
                          "(default: on with --model when the model family is supported)")
-    ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list such as [1, 2, 3] or a file holding one "
-                    "(default: recovered from the dump where it can be)")
+    ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list such as [1, 2, 3] or a "
+                    "file holding one (default: recovered from the dump where it can be)")
     ap.add_argument("--plan", help="an output_2_mapping.json saved by an earlier run: execute that mapping plan on "
                     "these dumps instead of naming and mapping them again (its module keys must be in the dumps)")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
