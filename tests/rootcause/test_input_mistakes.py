@@ -140,3 +140,16 @@ def test_missing_numpy_is_one_line_with_the_install_command(tmp_path):
     line = one_line(err)
     assert "numpy" in line and "not installed" in line
     assert "pip install -r" in line and line.endswith("dump-module-mapping-value-compare/requirements.txt")
+
+
+def test_a_folder_of_unrelated_dumps_is_not_read_as_pipeline_ranks(tmp_path):
+    # Two whole models (each fed the token ids) in one folder, as a user collects dumps of two runs.
+    for rank, case in ((0, "llama_tp1_fp32_clean"), (1, "qwen3_tp1_bf16_clean")):
+        (tmp_path / "dumps" / f"rank{rank}").mkdir(parents=True)
+        found = sorted((REAL / case / "train").rglob("dump.json"))
+        shutil.copy(found[0], tmp_path / "dumps" / f"rank{rank}" / "dump.json")
+    code, _out, err = run("--train", tmp_path / "dumps", "--rollout", REAL / "llama_tp1_fp32_clean" / "rollout",
+                          "--out-dir", tmp_path / "o")
+    assert code == 2
+    line = one_line(err)
+    assert "not pipeline stages of one model" in line and "dumps of different runs, pass the one you mean" in line
