@@ -73,13 +73,13 @@ def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
     out = {"verdict": VERDICT_WORDS.get(doc["verdict"], doc["verdict"]), "nothing_compared": _nothing_compared(doc),
            "input_notes": list(input_notes), "root_cause": None, "next_checks": [], "decide_side": None}
     if out["nothing_compared"]:
-        out["verdict"] = "nothing was compared: this is not an all-clear"
+        out["verdict"] = "inconclusive: nothing was compared"
     elif doc["verdict"] == "inconclusive" and not (doc.get("comparability") or {}).get("comparable", True):
         out["verdict"] = "inconclusive: the two dumps cannot be compared as they are (see the notes)"
     if doc["root_causes"]:
         top = doc["root_causes"][0]
         out["root_cause"] = {
-            "what": CATEGORY_WORDS.get(top["category"], top["category"]),
+            "what": top["category_text"],
             "where": f"{names(top.get('train_module'))} (train) / {names(top.get('rollout_module'))} (rollout)",
             "layer": top.get("layer"), "side": top.get("side"), "why_this_side": top.get("side_reason"),
             "confidence": top["confidence_text"],
