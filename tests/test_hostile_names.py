@@ -151,8 +151,8 @@ def test_stdout_of_both_scripts_carries_no_control_character(runs):
         assert not _invisible(res.stdout), res.stdout
         assert safetext.visible(name) in res.stdout
     lines = runs["rootcause"].stdout.splitlines()
-    assert any(ln.startswith("top cause: parameter_or_checkpoint_issue at train=" + safetext.visible(name))
-               for ln in lines)
+    assert any(ln.startswith("root cause: a weight differs (parameters or checkpoint) at " + safetext.visible(name)
+                             + " (train)") for ln in lines)
     assert any(ln.startswith("first divergence: " + safetext.visible(name)) for ln in
                runs["compare"].stdout.splitlines())
 

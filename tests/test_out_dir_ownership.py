@@ -8,6 +8,7 @@ itself finds nothing.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,10 @@ def test_compare_rerun_removes_a_stale_root_cause_report(tmp_path):
 
 def test_root_cause_rerun_on_inputs_that_find_nothing_replaces_the_report(tmp_path):
     out = _finding_dir(tmp_path)
-    res = _run(ROOTCAUSE, CLEAN, CLEAN, out)
+    # a copy: the same folder on both sides is refused (exit 2) before anything is written
+    copy = tmp_path / "copy"
+    shutil.copytree(CLEAN, copy)
+    res = _run(ROOTCAUSE, CLEAN, copy, out)
     assert res.returncode == 0, res.stderr
     assert json.loads((out / REPORT).read_text())["verdict"] == "no_credible_divergence"
     assert not (out / AGENT_REPORT).exists()

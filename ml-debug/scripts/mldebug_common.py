@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 SCHEMA_VERSION = 1
 
 # The seven words and their ranges, in percent (Kesselman 2008), defined once in
-# credence_scale.json (the root-cause skill reads the same file). Longest phrase first, so that a
+# credence_scale.json (the root-cause skill ships an identical copy). Longest phrase first, so that a
 # regex alternation tries "highly likely" before "likely".
 CREDENCE_SCALE: tuple[tuple[str, int, int], ...] = tuple(sorted(
     ((d["word"], d["low"], d["high"])

@@ -1,5 +1,6 @@
 """Real msprobe dumps of three micro-batches: calls are folded and graded one by one."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ def test_a_weight_that_differs_in_some_calls_is_found_with_those_calls(tmp_path,
 
 def test_the_same_dump_against_itself_matches_in_every_call(tmp_path):
     out = tmp_path / "same"
-    assert rootcause_main(["--train", str(DATA / "clean"), "--rollout", str(DATA / "clean"),
+    # a copy: the same folder on both sides is refused before the compare step
+    shutil.copytree(DATA / "clean", tmp_path / "copy")
+    assert rootcause_main(["--train", str(DATA / "clean"), "--rollout", str(tmp_path / "copy"),
                            "--out-dir", str(out), "--quiet"]) == 0
     doc = json.loads((out / "output_3_value_compare.json").read_text())
     assert all(r["calls"]["counts"] == {"match": 3} for r in doc["results"] if r["calls"])

@@ -97,6 +97,8 @@ def test_rank_relation_tells_tensor_parallel_from_pipeline_stages():
     assert glob.offsets == (0, 0)          # stages already numbered globally
     with pytest.raises(InputError, match="not pipeline stages"):
         rank_relation([a, b], [{0, 1}, {0, 1}], [False, True], "X")
+    with pytest.raises(InputError, match="not pipeline stages"):      # each fed the tokens: two whole models
+        rank_relation([a, b], [{0, 1}, {0, 1}], [True, True], "X")
     with pytest.raises(InputError, match="not pipeline stages"):      # a rank with no layers (L1 dump)
         rank_relation([a, frozenset()], [{0, 1}, set()], [True, False], "X")
 

@@ -77,7 +77,7 @@ def test_fault_in_an_unprofiled_pair_is_named_through_order_alignment(name, trai
     assert doc["summary"]["pairs_by_alignment"]["order"] == order
     # the root cause says how its pair was found, and asks the user to confirm it
     assert rc["evidence"]["aligned_by"] == "order"
-    assert "paired by their position between aligned modules, not by name" in rc["next_checks"][-1]
+    assert "paired by their position between aligned modules, not by name" in rc["next_checks"][-1]["check"]
 
 
 def _records(name):

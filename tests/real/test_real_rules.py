@@ -134,11 +134,11 @@ def test_cause_before_the_dumped_range_is_upstream_propagation_at_the_entry(tmp_
         "upstream_propagation", "model.layers.1.input_layernorm", "model.layers.1.input_layernorm", 1)
     assert rc["rules_fired"][0] == "cause_before_dumped_range"
     assert rc["evidence"]["before_dumped_range"] is True
-    assert "layers 0..0" in rc["next_checks"][-1]
+    assert "layers 0..0" in rc["next_checks"][-1]["check"]
     # no embedding in the dump: the token identity is not shown, so different inputs come first
     assert rc["evidence"]["tokens_verified"] is False
     assert "different tokens" in rc["hypotheses"][0]["statement"]
-    assert "token ids" in rc["next_checks"][0]
+    assert "token ids" in rc["next_checks"][0]["check"]
 
 
 def test_clean_pair_starting_late_stays_clean(tmp_path):

@@ -103,7 +103,7 @@ def test_a_permuted_fused_weight_is_charged_to_its_side(tmp_path):
     assert ref["rollout"]["matches_reference"] is False and "another order" in ref["rollout"]["detail"]
     rc = report(out)["root_causes"][0]
     assert rc["category"] == "parameter_or_checkpoint_issue" and rc["side"] == "rollout"
-    assert "model.layers.0.mlp.gate_proj.weight" in rc["next_checks"][0]
+    assert "model.layers.0.mlp.gate_proj.weight" in rc["next_checks"][0]["check"]
 
 
 @pytest.mark.parametrize("name", ["llama_tp1_fp32_stale_rollout", "llama_tp1_fp32_stale_train",
@@ -118,7 +118,7 @@ def test_root_cause_names_the_side_with_its_evidence(name, tmp_path):
     ev = [e for e in rc["side_evidence"] if e["kind"] == "reference_parameters"]
     assert ev and ev[0][bad]["matches_reference"] is False
     target = case(name)["fault"]["target"]
-    assert rc["next_checks"][0].startswith(f"Reload {target}.weight on the {bad} side")
+    assert rc["next_checks"][0]["check"].startswith(f"Reload {target}.weight on the {bad} side")
     assert doc["reference"]["train"]["files"] == ["model.safetensors"]
     assert doc["reference"][bad]["taken_as"] == "initial"
 
@@ -157,7 +157,7 @@ def test_a_resolved_config_that_differs_from_the_checkpoint_names_the_side(name,
     assert ev == [{"kind": "config_value", "key": key, "train": wrong if side == "train" else right,
                    "rollout": wrong if side == "rollout" else right, "checkpoint": right,
                    "differs_from_checkpoint": side}]
-    assert rc["next_checks"][0] == f"Set {key} to {right!r} on the {side} side (it resolved {wrong!r})."
+    assert rc["next_checks"][0]["check"] == f"Set {key} to {right!r} on the {side} side (it resolved {wrong!r})."
 
 
 def test_each_side_can_name_its_own_checkpoint(tmp_path):

@@ -129,7 +129,7 @@ def test_the_attention_replay_names_the_side_the_key_and_the_value_it_used(case,
     # every other fitted key of the faulty side, and every key of the other side, is the reference's
     assert all(e["reproduces_reference"] is True for e in ev if e is not bad)
     assert {e["side"] for e in ev} == {"train", "rollout"}
-    assert rc["next_checks"][0].startswith(f"Set {key} to {right!r} on the {fault['side']} side")
+    assert rc["next_checks"][0]["check"].startswith(f"Set {key} to {right!r} on the {fault['side']} side")
     assert f"{key}={wrong!r}" in rc["side_reason"]
 
 

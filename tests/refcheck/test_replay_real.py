@@ -83,7 +83,7 @@ def test_the_replay_names_the_side_the_key_and_the_value_it_used(case, key, wron
     assert bad["reproduces_reference"] is False and bad["fitted"]["value"] == wrong
     assert bad["fitted"]["residual"] < 1e-6 < 1e-2 < bad["residual_at_reference"]
     assert good["reproduces_reference"] is True and good["fitted"]["value"] == right
-    assert rc["next_checks"][0].startswith(f"Set {key} to {right!r} on the {fault['side']} side")
+    assert rc["next_checks"][0]["check"].startswith(f"Set {key} to {right!r} on the {fault['side']} side")
 
 
 def test_without_model_the_replay_reports_what_the_sides_disagree_on(tmp_path):
@@ -91,7 +91,7 @@ def test_without_model_the_replay_reports_what_the_sides_disagree_on(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rc = report(tmp_path)["root_causes"][0]
     assert rc["side"] == "undetermined" and rc["config_keys"] == ["rms_norm_eps"]
-    assert "rms_norm_eps: train behaves as 0.01, rollout as 1e-06" in rc["next_checks"][0]
+    assert "rms_norm_eps: train behaves as 0.01, rollout as 1e-06" in rc["next_checks"][0]["check"]
 
 
 def test_norm_and_activation_formulas():

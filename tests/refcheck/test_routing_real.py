@@ -119,7 +119,7 @@ def test_norm_topk_prob_fault_is_charged_to_its_side(name, tmp_path):
     assert rc["rules_fired"][0] == "routing_differs"
     assert rc["evidence"]["routing"]["weights_rel_error"] > 0.2
     assert "norm_topk_prob" in rc["config_keys"]
-    assert rc["next_checks"][0].startswith(f"Set norm_topk_prob to True on the {bad} side")
+    assert rc["next_checks"][0]["check"].startswith(f"Set norm_topk_prob to True on the {bad} side")
 
 
 @pytest.mark.parametrize("name", NORM_FAULTS)
@@ -129,7 +129,7 @@ def test_without_the_checkpoint_the_disagreeing_key_is_named(name, tmp_path):
     rc = report(tmp_path)["root_causes"][0]
     assert (rc["category"], rc["side"], rc["rules_fired"][0]) == ("in_module_impl_difference", "undetermined",
                                                                    "routing_differs")
-    assert "norm_topk_prob" in rc["next_checks"][0] and "Rerun with --model" in rc["next_checks"][0]
+    assert "norm_topk_prob" in rc["next_checks"][0]["check"] and "Rerun with --model" in rc["next_checks"][0]["check"]
 
 
 def test_stale_stacked_experts_are_charged_to_the_train_side(tmp_path):

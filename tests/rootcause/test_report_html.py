@@ -89,8 +89,8 @@ def test_demo_report_marks_the_root_cause_on_the_execution_chart(demo):
 def test_demo_report_shows_the_logits_statistics_first_and_layers(demo):
     out, _ = demo
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert page.index("Log-probabilities") < page.index("Divergence along execution order") \
-        < page.index("Token x layer") < page.index("Verdict")
+    assert page.index("<h2>Answer") < page.index("Log-probabilities") \
+        < page.index("Divergence along execution order") < page.index("Token x layer") < page.index("<h2>4. Verdict")
     charts = svgs(out)
     bars = charts["logits-statistics"].findall(".//s:rect", NS)
     assert bars and all("past" in b.get("class") for b in bars)     # the demo's logits are beyond tolerance
@@ -191,8 +191,15 @@ def _resolve(doc, path: str) -> list:
     return vals
 
 
-def test_template_is_filled_from_output5_alone(demo, tensor_case):
+# Fields only a run with the checkpoint (--model) writes.
+WITH_MODEL = ("reference_forward.", "root_causes[].side_evidence")
+REAL = REPO / "tests" / "data" / "real"
+
+
+def test_template_is_filled_from_output5_alone(demo, tensor_case, analyze_pair):
     stats_doc, tensor_doc = load_report(demo[0]), load_report(tensor_case)
+    case = REAL / "llama_tp1_fp32_stale_rollout"
+    model_doc = analyze_pair(case / "train", case / "rollout", "--model", str(REAL / "_models" / "llama")).doc
     template = TEMPLATE.read_text(encoding="utf-8")
     paths = _PLACEHOLDER.findall(template)
     assert len(paths) > 60
@@ -201,6 +208,8 @@ def test_template_is_filled_from_output5_alone(demo, tensor_case):
             # per-token fields exist in tensor mode, the statistics ones in both
             found = [d for d in (stats_doc, tensor_doc) if _try(d, path)]
             assert found, f"{path} is in neither kind of logits view"
+        elif path.startswith(WITH_MODEL):
+            _resolve(model_doc, path)
         else:
             _resolve(stats_doc, path)
     filled = _PLACEHOLDER.sub(lambda m: ", ".join(json.dumps(v) for v in _try(stats_doc, m.group(1)) or ["-"]),

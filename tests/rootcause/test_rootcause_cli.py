@@ -56,7 +56,7 @@ def test_fail_on_finding_exits_1_on_a_fault(tmp_path, script):
     doc = json.loads((tmp_path / "out" / REPORT).read_text())
     assert doc["verdict"] == "root_cause_found"
     assert doc["root_causes"][0]["train_module"] == "model.layers.2.mlp.down_proj"
-    assert "verdict: root_cause_found" in res.out
+    assert "verdict: root cause found" in res.out.splitlines()
 
 
 def test_without_flag_a_fault_exits_0(analyze):
@@ -166,11 +166,29 @@ def test_sibling_without_its_safe_text_module_exits_2_naming_it(tmp_path, script
     assert not (tmp_path / "out").exists()
 
 
-def test_without_ml_debug_the_credence_scale_is_missing_and_exits_2(tmp_path, script):
-    res = run_with_skills(tmp_path, script, (SKILL, SIBLING))
+def test_the_compare_and_root_cause_skills_copied_alone_run_the_demo_from_another_folder(tmp_path, script):
+    """Installed without ml-debug (each skill ships what it reads), from a cwd outside the bundle."""
+    skills = tmp_path / "skills"
+    for src in (SKILL, SIBLING):
+        shutil.copytree(src, skills / src.name, ignore=IGNORE)
+    demo = REPO / "examples" / "hf_train_vs_vllm_rollout"
+    (tmp_path / "elsewhere").mkdir()
+    res = script(skills / SKILL.name / "scripts" / SCRIPT.name, "--train", demo / "train", "--rollout",
+                 demo / "rollout", "--out-dir", tmp_path / "out", cwd=tmp_path / "elsewhere")
+    assert res.code == 0, res.err
+    doc = json.loads((tmp_path / "out" / REPORT).read_text())
+    # the demo's fault: a stale gate/up weight of layer 2 on the rollout side
+    assert doc["verdict"] == "root_cause_found"
+    assert doc["root_causes"][0]["rollout_module"] == "model.layers.2.mlp.gate_up_proj"
+    assert doc["root_causes"][0]["confidence_word"] != ""
+
+
+def test_without_its_credence_scale_the_skill_exits_2(tmp_path, script):
+    res = run_with_skills(tmp_path, script, (SKILL, SIBLING),
+                          lambda skills: (skills / SKILL.name / "scripts" / "rootcause" / "credence_scale.json").unlink())
     assert res.code == 2
     line = one_line_error(res.err)
-    assert "ml-debug/scripts/credence_scale.json" in line and "credence scale" in line
+    assert "credence_scale.json" in line and "credence scale" in line
     assert not (tmp_path / "out" / REPORT).exists()
 
 
@@ -200,6 +218,10 @@ def test_copied_skills_run_and_write_only_inside_out_dir(tmp_path, script):
 
 # --- --reuse-outputs ---------------------------------------------------------------------------
 
+def _without_commands(findings: list[dict]) -> list[dict]:
+    return [{**f, "next_checks": [c["check"] for c in f["next_checks"]]} for f in findings]
+
+
 def test_reuse_outputs_does_not_rerun_the_compare_step(analyze, cli, tmp_path, monkeypatch):
     from rootcause import sibling
 
@@ -218,9 +240,12 @@ def test_reuse_outputs_does_not_rerun_the_compare_step(analyze, cli, tmp_path, m
     assert code == 0, err
     doc = json.loads((out / REPORT).read_text())
     assert doc["verdict"] == res.doc["verdict"]
-    assert doc["root_causes"] == res.doc["root_causes"]
+    # The commands of the next checks rerun this command line, whose --out-dir is another one.
+    assert _without_commands(doc["root_causes"]) == _without_commands(res.doc["root_causes"])
     assert doc["suppressed"] == res.doc["suppressed"]
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != REPORT} == before
+    # output_1..4 untouched; report.html is redrawn (its commands name this --out-dir)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name not in (REPORT, "report.html")} == \
+        {k: v for k, v in before.items() if k != "report.html"}
 
 
 def test_reuse_outputs_without_outputs_exits_2(cli, tmp_path):

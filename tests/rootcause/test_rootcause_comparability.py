@@ -44,14 +44,21 @@ def test_different_depth_is_not_a_finding(tmp_path, analyze_pair):
 
 
 def test_api_level_dumps_compare_nothing_and_are_never_an_all_clear(tmp_path):
-    """Two L1 (API-level) msprobe dumps hold no modules: inconclusive, and --fail-on-finding fails."""
+    """An L1 (API-level) msprobe dump against an L0 one: nothing maps, so nothing is compared:
+    inconclusive, said first on the console, and --fail-on-finding fails."""
     import subprocess
     import sys
-    l1 = Path(__file__).resolve().parents[1] / "data" / "msprobe" / "llama_L1_statistics"
+    data = Path(__file__).resolve().parents[1] / "data" / "msprobe"
     script = Path(__file__).resolve().parents[2] / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
-    proc = subprocess.run([sys.executable, str(script), "--train", str(l1), "--rollout", str(l1), "--out-dir",
-                           str(tmp_path / "o"), "--quiet", "--fail-on-finding"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(script), "--train", str(data / "llama_L1_statistics"), "--rollout",
+                           str(data / "llama_L0_statistics"), "--out-dir", str(tmp_path / "o"), "--fail-on-finding"],
+                          capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("nothing was compared (") and lines[0].endswith("this is not an all-clear")
+    assert "L0" in lines[0] and "none beyond tolerance" not in proc.stdout
+    page = (tmp_path / "o" / "report.html").read_text(encoding="utf-8")
+    assert "Nothing was compared" in page.split("<svg")[0]
     rep = json.loads((tmp_path / "o" / "output_5_root_cause_report.json").read_text())
     assert rep["verdict"] == "inconclusive"
     assert any("nothing was compared" in r and "L0" in r for r in rep["comparability"]["reasons"])

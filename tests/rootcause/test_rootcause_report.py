@@ -58,7 +58,7 @@ def test_report_keys_and_values(analyze, case):
     res = analyze(**CASES[case])
     doc = strict_json(res.out / "output_5_root_cause_report.json")
     assert TOP_KEYS <= set(doc)
-    assert doc["schema_version"].split(".")[0] == "2"
+    assert doc["schema_version"].split(".")[0] == "3"
     assert doc["verdict"] in VERDICTS
     assert doc["mode"] == "statistics"
     assert doc["partial"] is False
@@ -93,7 +93,11 @@ def test_each_root_cause_has_hypotheses_and_next_checks(analyze, case):
         for h in f["hypotheses"]:
             assert set(h) >= {"statement", "confirm_if", "refute_if"}
             assert all(isinstance(h[k], str) and h[k].strip() for k in ("statement", "confirm_if", "refute_if"))
-        assert f["next_checks"] and all(isinstance(c, str) and c.strip() for c in f["next_checks"])
+        assert f["next_checks"] and all(isinstance(c["check"], str) and c["check"].strip() for c in f["next_checks"])
+        # beside the prose, the command that runs the check (an argument list), or null
+        assert all(c["command"] is None or (isinstance(c["command"], list) and all(isinstance(a, str)
+                                                                                   for a in c["command"]))
+                   for c in f["next_checks"])
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -170,18 +174,21 @@ def test_clean_pair_has_no_first_divergence(analyze):
 def test_terminal_summary(analyze):
     res = analyze(**CASES["no_act"])
     lines = res.stdout.strip().splitlines()
-    assert "verdict: root_cause_found" in lines
-    assert any(ln.startswith("top cause: missing_or_extra_op_between_aligned_boundary") and
-               "model.layers.1.mlp.act_fn" in ln and "missing on train" in ln for ln in lines)
-    assert any(ln.startswith("look next: ") for ln in lines)
+    # the answer first: verdict, root cause, side, confidence, next check; the files last
+    assert lines[0] == "verdict: root cause found"
+    assert lines[1].startswith("root cause: an operation runs on one side only at ") and "model.layers.1.mlp.act_fn" in lines[1]
+    assert lines[2].startswith("side: rollout: ")
+    assert lines[3].startswith("confidence: ")
+    assert lines[4].startswith("next check: ")
+    assert lines[-2].startswith("report: ") and lines[-1].startswith("evidence (JSON): ")
     assert "output_5_root_cause_report.json" in res.stdout
     assert len(lines) < 15, "a short summary, not the report"
 
 
 def test_terminal_summary_precision_only(analyze):
     res = analyze(**CASES["bf16_all"])
-    assert "verdict: precision_only" in res.stdout.splitlines()
-    assert "top cause" not in res.stdout
+    assert res.stdout.splitlines()[0].startswith("verdict: only precision differences")
+    assert "root cause:" not in res.stdout
 
 
 @pytest.mark.parametrize("pct,word", [(99, "almost certain"), (86, "almost certain"), (85, "highly likely"),
@@ -202,12 +209,16 @@ def test_credence_clamp_stays_on_the_scale(x):
     assert credence.word(c) == expected_word(c)
 
 
-def test_credence_scale_is_defined_once_for_both_skills():
-    # Issue 14: the scale lives in ml-debug's credence_scale.json; neither skill's code repeats it.
+def test_credence_scale_is_one_file_copied_into_each_skill():
+    # Issue 14: the scale is ml-debug's credence_scale.json; neither skill's code repeats it. Issue 26:
+    # the root-cause skill ships an identical copy, so it runs without ml-debug beside it.
     from pathlib import Path
 
     import mldebug_common as mc
     from rootcause import credence
+    ml_debug = Path(mc.__file__).with_name("credence_scale.json")
+    assert credence.SCALE_FILE != ml_debug
+    assert credence.SCALE_FILE.read_bytes() == ml_debug.read_bytes()
     doc = json.loads(credence.SCALE_FILE.read_text(encoding="utf-8"))["scale"]
     assert sorted((d["low"], d["word"]) for d in doc) == sorted(credence.scale())
     assert sorted((d["word"], d["low"], d["high"]) for d in doc) == sorted(mc.CREDENCE_SCALE)

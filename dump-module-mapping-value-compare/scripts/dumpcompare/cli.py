@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: detected per side, so a mixed pair needs no option)")
     ap.add_argument("--out-dir", required=True, help="folder for the outputs (created if missing)")
     for side in ("train", "rollout"):
-        ap.add_argument(f"--{side}-step", help=f"step folder to use when --{side} holds several (e.g. 0 or step0)")
+        ap.add_argument(f"--{side}-step", help=f"step folder(s) to use when --{side} holds several: one (0 or step0), "
+                        f"a range such as 0-8 or a list such as 0,3,5, joined in order (a prefill and its decode steps)")
         ap.add_argument(f"--{side}-rank", help=f"rank folder to use when --{side} holds several (e.g. 0, rank0, "
                         f"proc123), or 'all' to merge the tensor-parallel ranks of one step")
         ap.add_argument(f"--{side}-family", choices=FAMILIES, help=f"engine family of the {side} side (default: detected)")
@@ -79,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-forward", action=argparse.BooleanOptionalAction, default=None,
                     help="run the checkpoint's forward in numpy on each side's tokens and hold both sides against it "
                          "(default: on with --model when the model family is supported)")
-    ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list or a file holding one "
-                    "(default: recovered from the dump where it can be)")
+    ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list such as [1, 2, 3] or a "
+                    "file holding one (default: recovered from the dump where it can be)")
     ap.add_argument("--plan", help="an output_2_mapping.json saved by an earlier run: execute that mapping plan on "
                     "these dumps instead of naming and mapping them again (its module keys must be in the dumps)")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shlex
 from pathlib import Path
 
 
@@ -34,6 +35,9 @@ GROUPS = (("attention", ("q", "k", "v", "q_rot", "k_rot", "q_normed", "k_normed"
           ("norms", ("attn_norm_out", "mlp_norm_out")))
 GROUP_COLOURS = {"attention": "#1565c0", "mlp": "#ef6c00", "norms": "#6d4c41"}
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
+# The statistics of output_3 ``stat_errors`` as a person names them.
+STAT_WORDS = {"max_rel": "Max", "min_rel": "Min", "mean_rel": "Mean", "norm_rel": "Norm"}
+LABEL_CHAR = 5.0     # width in pixels of one character of a 9px axis label (sans-serif, generous)
 FLOOR = -12          # log10 of the smallest error drawn; exact zeros sit on this line
 
 
@@ -172,7 +176,7 @@ def _logprob_tensor(lp: dict, full: dict) -> str:
 
 def _logits_stats(lp: dict) -> str:
     se = lp.get("stat_errors") or {}
-    names = [k for k in ("max_rel", "min_rel", "mean_rel", "norm_rel") if num(se.get(k)) is not None]
+    names = [k for k in STAT_WORDS if num(se.get(k)) is not None]
     tol = num(lp.get("tolerance"))
     left, top, h, bw = 70, 30, 200, 70
     values = [abs(num(se[k])) for k in names]
@@ -183,9 +187,9 @@ def _logits_stats(lp: dict) -> str:
         y = ax.y(v)
         body.append(f'<rect class="bar {"past" if bad else "within"}" x="{left + i * bw + 12}" y="{y}" '
                     f'width="{bw - 24}" height="{max(0.5, top + h - y):.1f}" fill="{"#c62828" if bad else "#2e7d32"}">'
-                    f'<title>{text(k)}: {fmt(v)}</title></rect>'
+                    f'<title>{STAT_WORDS[k]}: {fmt(v)}</title></rect>'
                     f'<text x="{left + i * bw + bw / 2}" y="{top + h + 16}" font-size="11" '
-                    f'text-anchor="middle">{text(k)}</text>')
+                    f'text-anchor="middle">{STAT_WORDS[k]}</text>')
     if tol is not None:
         y = ax.y(tol)
         body.append(f'<g class="tolerance"><line x1="{left}" x2="{left + bw * len(names)}" y1="{y}" y2="{y}" '
@@ -240,16 +244,21 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
     head = "<h2>2. Divergence along execution order</h2>"
     if not items:
         return head + "<p>No module output was compared.</p>"
-    left, top, h, step = 70, 60, 280, 16
+    longest = max(len(_short(i["module"])) + len(i["point"]) + 3 for i in items)
+    # The labels are rotated 60 degrees and end at their point: the first ones reach left of the
+    # plot by about half their length, so the margin grows with the longest label.
+    left, top, h, step = max(70, round(LABEL_CHAR * longest / 2) + 12), 60, 280, 16
     w = step * len(items)
     ax = Axis(*_span([i["error"] for i in items], [i["tol"] for i in items]), top, top + h)
     body = ax.draw(left, left + w, "error (log scale)")
+    drift_zone = False
     x = [left + (k + 0.5) * step for k in range(len(items))]
     # Tolerance band: strict..pair tolerance is the drift zone, above the pair tolerance is beyond.
     for k, it in enumerate(items):
         if it["tol"] is None:
             continue
         yt, ys = ax.y(it["tol"]), ax.y(it["strict"] or it["tol"])
+        drift_zone = drift_zone or ys - yt > 0
         body.append(f'<rect class="band drift-zone" x="{x[k] - step / 2:.1f}" y="{yt}" width="{step}" '
                     f'height="{max(0.0, ys - yt):.1f}" fill="#fff3cd"/>')
     body.append('<polyline class="tolerance" fill="none" stroke="#2e7d32" stroke-dasharray="5,3" points="'
@@ -279,7 +288,7 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
         marks.append((where[fd["pair"]], "first divergence", "first-divergence", "#6a1b9a"))
     for c in (root or {}).get("root_causes", []):
         ev = c.get("evidence") or {}
-        pid = (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
+        pid = ev.get("finding_pair") or (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
         if pid in where:
             marks.append((where[pid], f"root cause {c.get('rank')}", "root-cause", "#c62828"))
     for n, (k, label, cls, colour) in enumerate(marks):
@@ -288,14 +297,23 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
                     f'stroke="{colour}" stroke-dasharray="3,2"/><circle cx="{x[k]:.1f}" cy="{ax.y(items[k]["error"])}"'
                     f' r="8" fill="none" stroke="{colour}" stroke-width="2"/><text x="{x[k] + 4:.1f}" y="{y}" '
                     f'font-size="11" fill="{colour}">{text(label)}: {text(items[k]["point"])}</text></g>')
-    label_room = 16 + 4.5 * max(len(_short(i["module"])) + len(i["point"]) + 3 for i in items)
+    label_room = 16 + LABEL_CHAR * 0.9 * longest
     svg = _svg(left + w + 160, top + h + label_room, "chart execution", body)
-    legend = ('<p class="legend">'
-              + " ".join(f'<span style="color:{COLOURS[s]}">&#9679; {s}</span>' for s in
-                         ("match", "drift", "mismatch", "nonfinite", "structural"))
-              + ' <span>&#9675; structural pair (fused/by-design), values agree</span> '
-                '<span style="background:#fff3cd">drift zone</span> '
-                '<span style="color:#2e7d32">- - tolerance</span></p>')
+    # A legend entry only for what the chart draws.
+    dots = {it["status"] for it in items if not it["structural_clean"] and it["error"] is not None}
+    squares = {it["status"] for it in items if not it["structural_clean"] and it["error"] is None}
+    order = ("match", "drift", "mismatch", "nonfinite", "structural", "incomparable")
+    entries = [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9679; {s}</span>'
+               for s in order if s in dots]
+    entries += [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9632; {s}, no error value</span>'
+                for s in order if s in squares]
+    if any(it["structural_clean"] for it in items):
+        entries.append("<span>&#9675; structural pair (fused/by-design), values agree</span>")
+    if drift_zone:
+        entries.append('<span style="background:#fff3cd">drift zone</span>')
+    if any(it["tol"] is not None for it in items):
+        entries.append('<span style="color:#2e7d32">- - tolerance</span>')
+    legend = '<p class="legend">' + " ".join(entries) + "</p>"
     return (head + "<p>Every compared module output in execution order (train side names; hover a point for "
             "both sides). Errors above the dashed line are beyond tolerance.</p>" + legend + _figure(svg)
             + layer_section(compare))
@@ -336,7 +354,8 @@ def reference_section(compare: dict, analysis: dict) -> str:
                     f'rotate(-60)">{text(it["point"])}</text>')
     svg = _svg(left + w + 40, top + h + 90, "chart reference", body)
     legend = ('<p class="legend">' + " ".join(f'<span style="color:{c}">&#9473; {text(lab)}</span>'
-                                              for lab, _s, c, _d in REF_LINES) + "</p>")
+                                              for (lab, _s, c, _d), ln in zip(REF_LINES, lines)
+                                              if any(v is not None for v in ln)) + "</p>")
     rows = []
     for side in ("train", "rollout"):
         sd, tok = (rf.get("sides") or {}).get(side) or {}, (rf.get("tokens") or {}).get(side) or {}
@@ -406,8 +425,9 @@ def layer_section(compare: dict) -> str:
         body.append(f'<text x="{left + i * gw + gw / 2}" y="{top + h + 16}" font-size="11" '
                     f'text-anchor="middle">L{layer}</text>')
     svg = _svg(left + gw * len(layers) + 20, top + h + 30, "chart layers", body)
+    present = {name for d in worst.values() for name in d}
     legend = ('<p class="legend">' + " ".join(f'<span style="color:{GROUP_COLOURS[n]}">&#9632; {n}</span>'
-                                              for n, _ in GROUPS) + ' <span style="color:#2e7d32">&#8212; tolerance</span></p>')
+                                              for n, _ in GROUPS if n in present) + ' <span style="color:#2e7d32">&#8212; tolerance</span></p>')
     return "<h3>Worst error per layer: attention, MLP, norms</h3>" + legend + _figure(svg)
 
 
@@ -459,6 +479,60 @@ def _heat(ratio: float) -> str:
     return f"rgb({int(255 - 57 * f)},{int(183 - 143 * f)},{int(77 - 37 * f)})"
 
 
+# -- the answer (root-cause skill) ------------------------------------------------------------------
+
+ERROR_WORDS = {
+    "statistics": "the largest relative difference between the two sides' Max, Min, Mean and Norm of the "
+                  "tensor (statistics mode: the dump holds four numbers per tensor, not the tensor)",
+    "tensor": "the relative L2 distance between the two sides' tensors, |rollout - train| / |train| "
+              "(tensor mode), or for a tensor read as statistics only, the largest relative difference of "
+              "its Max, Min, Mean and Norm",
+}
+
+
+def _command(cmd) -> str:
+    return f"<pre class=\"command\">{text(shlex.join(str(a) for a in cmd))}</pre>" if cmd else ""
+
+
+def answer_section(root: dict | None, mode: str | None) -> str:
+    """First on the page: notes on the inputs, the verdict, root cause, side, confidence and the
+    next checks with their commands; then what "error" means in this page."""
+    defs = (f"<p class=\"defs\"><b>error</b> in this page: {text(ERROR_WORDS.get(mode or 'statistics'))}. "
+            "<b>tolerance</b>: the error a clean pair of these dtypes may show; above it a tensor is beyond "
+            "tolerance.</p>")
+    if root is None or not root.get("answer"):
+        return defs
+    a = root["answer"]
+    out = ["<h2>Answer</h2>"]
+    out += [f"<p class=\"note input-note\"><b>Check the inputs:</b> {text(n)}</p>" for n in a.get("input_notes") or []]
+    if a.get("nothing_compared"):
+        out.append(f"<p class=\"note nothing-compared\"><b>Nothing was compared</b>: "
+                   f"{text(a['nothing_compared'])}. This is not an all-clear.</p>")
+    out.append(f"<p class=\"verdict\"><b>Verdict:</b> {text(a.get('verdict'))}</p>")
+    rc = a.get("root_cause")
+    if rc:
+        out.append("<table class=\"answer\">" + "".join(
+            f"<tr><th>{label}</th><td>{text(v)}</td></tr>" for label, v in (
+                ("root cause", rc.get("what")), ("where", f"{rc.get('where')}, layer {rc.get('layer')}"),
+                ("side", rc.get("side")), ("why this side", rc.get("why_this_side")),
+                ("confidence", rc.get("confidence")))) + "</table>")
+    checks = a.get("next_checks") or []
+    if checks:
+        out.append(f"<p class=\"next-check\"><b>Next check:</b> {text(checks[0].get('check'))}</p>"
+                   + _command(checks[0].get("command")))
+    side = a.get("decide_side")
+    if side:
+        same = bool(checks) and checks[0].get("command") == side.get("command")
+        out.append(f"<p class=\"decide-side\"><b>To decide the side:</b> {text(side.get('check'))}"
+                   + (" (the command above)</p>" if same else "</p>" + _command(side.get("command"))))
+    if len(checks) > 1:
+        out.append("<p><b>All next checks</b>, in order:</p><ol class=\"next-checks\">" + "".join(
+            f"<li>{text(c.get('check'))}{_command(c.get('command'))}</li>" for c in checks) + "</ol>")
+    if rc and rc.get("more"):
+        out.append(f"<p>{text(rc['more'])} more root-cause candidate(s) in the verdict section below.</p>")
+    return "".join(out) + defs
+
+
 # -- verdict ----------------------------------------------------------------------------------------
 
 def _names(x) -> str:
@@ -477,14 +551,14 @@ def verdict_section(analysis: dict, root: dict | None) -> str:
         return (head + "<p>Module compare only: the candidates below are ranked, not explained. Run the "
                 "rl-consistency-analysis skill for a root cause.</p>"
                 + _table(("rank", "train", "rollout", "status", "why"), rows))
-    out = [head, f"<p><b>{text(root.get('verdict'))}</b></p>"]
+    out = [head, f"<p><b>{text((root.get('answer') or {}).get('verdict') or root.get('verdict'))}</b></p>"]
     for n in root.get("notes", []):
         out.append(f"<p>note: {text(n)}</p>")
     for c in root.get("root_causes", []):
-        out.append(f"<h3>Root cause {text(c.get('rank'))}: {text(c.get('category'))}</h3>"
+        out.append(f"<h3>Root cause {text(c.get('rank'))}: {text(c.get('category_text') or c.get('category'))}</h3>"
                    f"<p>train {text(_names(c.get('train_module')))} / rollout {text(_names(c.get('rollout_module')))}"
                    f", layer {text(c.get('layer'))}, side {text(c.get('side'))} ({text(c.get('side_reason'))}); "
-                   f"confidence {text(c.get('confidence'))} {text(c.get('confidence_word'))}</p>")
+                   f"confidence {text(c.get('confidence_text') or c.get('confidence'))}</p>")
         nums = c.get("numbers") or {}
         rows = [(io, text(x["point"]), text(x["status"]), fmt(x["error"]), fmt(x.get("tolerance")))
                 for io, x in nums.items() if isinstance(x, dict)]
@@ -520,7 +594,10 @@ def _figure(svg: str) -> str:
 STYLE = ("body{font-family:sans-serif;margin:24px;max-width:1400px;color:#222}"
          ".figure{overflow-x:auto;border:1px solid #ddd;margin:8px 0 16px}"
          "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-         "font-size:13px;text-align:left;vertical-align:top}.legend span{margin-right:14px;font-size:13px}")
+         "font-size:13px;text-align:left;vertical-align:top}.legend span{margin-right:14px;font-size:13px}"
+         ".note{background:#fff3cd;border-left:4px solid #e6a100;padding:6px 10px}"
+         "pre.command{background:#f5f5f5;padding:6px 10px;white-space:pre-wrap;word-break:break-all;font-size:12px}"
+         ".defs{font-size:13px;color:#444}table.answer th{width:120px}")
 
 
 def _more_files(source: dict) -> str:
@@ -538,7 +615,8 @@ def render(compare: dict, analysis: dict, sources: dict, root: dict | None = Non
                     for side, s in sources.items() if side in ("train", "rollout"))
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>train vs rollout divergence</title>"
             f"<style>{STYLE}</style></head><body><h1>Train vs rollout divergence</h1>"
-            "<table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
+            + answer_section(root, compare.get("mode"))
+            + "<h2>Inputs</h2><table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
             f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
             + logprob_section(lp, logits) + execution_section(compare, analysis, root)
             + reference_section(compare, analysis)

@@ -53,7 +53,8 @@ def parse_given(text: str | None) -> list[int] | None:
     if not text.lstrip().startswith("["):
         p = Path(text)
         if not p.is_file():
-            raise InputError(f"{text}: --token-ids is neither a JSON list nor a file")
+            raise InputError(f"{text}: --token-ids takes a JSON list of integers such as [1, 2, 3] or a file "
+                             f"holding one, and no file of that name exists")
         try:
             src = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -155,7 +156,8 @@ def recover(carriers: dict, view, embedding: np.ndarray | None, given: list[int]
         bad = next(c for c in calls if not c["unique"])
         detail = bad.get("reason") or (f"call {calls.index(bad)}: {len(bad.get('candidates') or [])} embedding rows "
                                        "match its statistics")
-        detail += "; give the ids with --token-ids"
+        if given is None:
+            detail += "; give the ids with --token-ids"
     if unused:
         detail = f"{unused}; {detail}"
     return TokenIds(ids, how, ok, detail, calls)

@@ -305,12 +305,17 @@ def rank_relation(modules: list[frozenset], layers: list[set], has_tokens: list[
         return RankLayout("tensor_parallel", tuple(stages), (0,))
     sizes = {len(g) for g in stages}
     first_has_tokens = any(has_tokens[i] for i in stages[0])
+    # Only the first stage of a pipeline is fed the token ids: files that each were are whole
+    # models (dumps of several runs in one folder), not stages.
+    later_have_tokens = any(has_tokens[i] for g in stages[1:] for i in g)
     # A pipeline stage runs layers; a rank with no module (an API-level dump) is none.
-    if len(sizes) != 1 or not first_has_tokens or any(not layers[g[0]] for g in stages):
+    if len(sizes) != 1 or not first_has_tokens or later_have_tokens or any(not layers[g[0]] for g in stages):
         listing = "; ".join(f"ranks {','.join(map(str, g))}: {len(modules[g[0]])} modules, layers "
                             f"{_span(layers[g[0]])}" for g in stages)
-        raise InputError(f"{where}: the ranks hold different modules but are not pipeline stages of one model "
-                         f"({listing}); choose one rank with --{side}-rank")
+        raise InputError(f"{where}: the dump files found here hold different modules and are not pipeline stages "
+                         f"of one model ({listing}); if they are dumps of different runs, pass the one you mean "
+                         f"(its dump.json or its own folder); if they are ranks of one run, choose one with "
+                         f"--{side}-rank")
     stage_layers = [layers[g[0]] for g in stages]
     overlap = any(stage_layers[i] & stage_layers[j] for i in range(len(stages)) for j in range(i))
     offsets, total = [], 0

@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import (credence, evidence, files, logprob_cli, logprob_inputs, logprob_noise, logprob_report, report, sibling,
-               triage)
+from . import (credence, evidence, files, input_checks, logprob_cli, logprob_inputs, logprob_noise, logprob_report,
+               report, sibling, triage)
 
 SKILL_ROOT = Path(__file__).resolve().parents[2]
 # The compare options are declared here again, not taken from the compare skill: this skill
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_root_cause_analysis.py",
         description="Regenerate output_1..4 with the sibling dump-module-mapping-value-compare skill, then find "
                     "the first credible divergence between a train and a rollout dump and write "
-                    "output_5_root_cause_report.json (the markdown report is written by the agent).",
+                    "output_5_root_cause_report.json and report.html.",
         epilog="Exit codes: 0 the analysis ran (any verdict); 1 with --fail-on-finding when the verdict is not "
                "no_credible_divergence; 2 usage or input error, or the sibling skill is missing or failed.")
     ap.add_argument("--train", required=True,
@@ -47,8 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", required=True, help="folder for output_1..output_5")
     ap.add_argument("--format", choices=FORMATS, help="passed to the compare step (default auto)")
     for side in ("train", "rollout"):
-        ap.add_argument(f"--{side}-step", help="passed to the compare step")
-        ap.add_argument(f"--{side}-rank", help="passed to the compare step")
+        ap.add_argument(f"--{side}-step", help=f"step folder(s) to use when --{side} holds several: one (0 or "
+                        f"step0), a range such as 0-8 or a list such as 0,3,5, joined in order; passed to the "
+                        f"compare step")
+        ap.add_argument(f"--{side}-rank", help=f"rank folder to use when --{side} holds several (0, rank0, proc123), "
+                        f"or 'all' to merge the ranks of one step; passed to the compare step")
         ap.add_argument(f"--{side}-family", choices=FAMILIES, help="passed to the compare step")
     ap.add_argument("--naming", help="naming profile YAML, passed to the compare step")
     ap.add_argument("--tolerances", help="tolerance YAML, passed to the compare step")
@@ -62,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-forward", action=argparse.BooleanOptionalAction, default=None,
                     help="hold both sides against a numpy forward of the checkpoint (default: on with --model for a "
                          "supported family), passed to the compare step")
-    ap.add_argument("--token-ids", help="the token ids the engines ran (JSON list or file), passed to the compare step")
+    ap.add_argument("--token-ids", help="the token ids the engines ran, a JSON list such as [1, 2, 3] or a file "
+                    "holding one; read by the reference forward (needs --model); passed to the compare step")
     ap.add_argument("--plan", help="an output_2_mapping.json of an earlier run whose mapping plan the compare step "
                     "executes instead of mapping again, passed to the compare step")
     ap.add_argument("--statistics-only", action="store_true", help="passed to the compare step")
@@ -112,14 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script = sibling.locate(SKILL_ROOT)
         credence.scale()        # fail before the long compare step when the scale is missing
+        notes = input_checks.before(args)
         # The log-prob files are read first too: a bad one stops the run before the compare step.
         logprobs = (logprob_cli.triage([args.rollout_logprobs], [args.train_logprobs], (0.5, 2.0))
                     if args.rollout_logprobs else None)
         if not args.reuse_outputs:
             sibling.run(script, _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
+        notes += input_checks.after(ev, {"train": args.train_family, "rollout": args.rollout_family})
         tri = triage.run(ev)
-        doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out)})
+        argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+        doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out),
+                                     "argv": argv}, notes)
         if logprobs:
             doc["logprob_triage"] = logprobs
         report.write(out, doc)
@@ -127,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         if "logprob_triage" in doc:
             page = page.replace("</body>", logprob_report.html_section(doc["logprob_triage"]) + "</body>", 1)
         files.write_text(out / report.HTML, page)
-    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, logprob_inputs.LogprobInputError,
-            logprob_noise.NoiseBandError) as exc:
+    except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, input_checks.InputMistake,
+            logprob_inputs.LogprobInputError, logprob_noise.NoiseBandError) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - one line for agents; ROOTCAUSE_DEBUG=1 for the traceback

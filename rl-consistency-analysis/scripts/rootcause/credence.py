@@ -1,8 +1,8 @@
 """A confidence number and its credence word, on the scale ml-debug defines.
 
-The scale is defined once, in ``ml-debug/scripts/credence_scale.json``; this skill reads that
-file from the ml-debug folder next to its own (the skills are installed side by side), the way
-it finds the compare skill.
+The scale is ml-debug's (``ml-debug/scripts/credence_scale.json``); this skill ships its own copy
+beside this module so that it runs without ml-debug installed next to it
+(tests/rootcause/test_skill_standalone.py checks that the two copies are identical).
 """
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-# credence.py -> rootcause -> scripts -> rl-consistency-analysis -> the skills folder
-SCALE_FILE = Path(__file__).resolve().parents[3] / "ml-debug" / "scripts" / "credence_scale.json"
+SCALE_FILE = Path(__file__).with_name("credence_scale.json")
 
 
 class CredenceError(Exception):
@@ -25,8 +24,8 @@ def scale(path: Path = SCALE_FILE) -> tuple[tuple[int, str], ...]:
         doc = json.loads(path.read_text(encoding="utf-8"))
         rows = sorted(((int(d["low"]), str(d["word"])) for d in doc["scale"]), reverse=True)
     except OSError as exc:
-        raise CredenceError(f"{path}: cannot read the credence scale ({exc.strerror}); the ml-debug skill "
-                            f"folder must sit next to rl-consistency-analysis/") from None
+        raise CredenceError(f"{path}: cannot read the credence scale ({exc.strerror}); reinstall the "
+                            f"rl-consistency-analysis skill folder") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise CredenceError(f"{path}: not a credence scale ({type(exc).__name__}: {exc})") from None
     return tuple(rows)

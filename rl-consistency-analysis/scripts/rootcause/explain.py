@@ -83,7 +83,11 @@ def refuted(f: dict, nums: dict, reaches_output: bool | None) -> list[dict]:
         out.append({"hypothesis": "the divergence is carried in from an earlier module",
                     "because": f"its input {inp['point']} agrees (error {inp['error']:.3g} <= tolerance "
                                f"{inp['tolerance']:.3g})"})
-    if _within(par):
+    # Statistics (and a multiset) of a fused weight cannot show the order of its rows: agreeing
+    # parameters refute nothing when the finding is a row order under a split.
+    order_blind = bool((f.get("evidence") or {}).get("split_boundary")
+                       or (f.get("evidence") or {}).get("permuted_fused_rows"))
+    if _within(par) and not order_blind:
         out.append({"hypothesis": "a weight or checkpoint difference in this module",
                     "because": f"its parameters agree (worst {par['point']}: error {par['error']:.3g} <= "
                                f"tolerance {par['tolerance']:.3g})"})

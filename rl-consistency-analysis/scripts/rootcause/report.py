@@ -1,6 +1,6 @@
 """Write output_5_root_cause_report.json and print the short terminal summary.
 
-The markdown report is the agent's job (references/report_template.md), not this script's.
+The markdown report is the agent's job (SKILL.md, references/report_template.md), not this script's.
 """
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from . import explain, sides, triage
+from . import answer, commands, explain, sides, triage
 from .files import json_safe, write_text
 from .evidence import Evidence
 from .triage import Triage
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "3.0"   # 3.0: next_checks are {check, command}; answer; confidence_text
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
@@ -23,14 +23,17 @@ _KEEP = ("rank", "category", "side", "side_reason", "missing_on", "op_module", "
          "next_checks", "side_evidence", "config_keys", "rules_fired")
 
 
-def _finding(ev: Evidence, f: dict, reach: bool | None) -> dict:
-    """A cause or candidate as output_5 shows it: the triage's fields plus its numbers and what
-    they already refute."""
+def _finding(ev: Evidence, f: dict, reach: bool | None, argv: list[str]) -> dict:
+    """A cause or candidate as output_5 shows it: the triage's fields plus its numbers (from the pair
+    of the modules it names), what they already refute, its confidence in words and each next check
+    with the command that runs it."""
     out = {k: f[k] for k in _KEEP if k in f}
-    pid = (f.get("evidence") or {}).get("suspect_pair") or {}
-    pid = pid.get("pair") if isinstance(pid, dict) else None
-    out["numbers"] = explain.numbers(ev, pid or f["evidence"]["pair"])
+    out["numbers"] = explain.numbers(ev, triage.own_pair(f))
     out["refuted"] = explain.refuted(f, out["numbers"], reach)
+    out["category_text"] = answer.CATEGORY_WORDS.get(f["category"], f["category"])
+    out["confidence_text"] = answer.confidence_text(f.get("confidence"), f.get("confidence_word"))
+    if "next_checks" in f:
+        out["next_checks"] = commands.checks(f["next_checks"], argv)
     return out
 
 
@@ -41,18 +44,20 @@ def _suppressed(records: list[dict]) -> dict:
     return {**split, "counts": {k: len(v) for k, v in split.items()}}
 
 
-def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
-    """The output_5 document."""
+def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = ()) -> dict:
+    """The output_5 document; ``inputs["argv"]`` is this run's command line (for the commands of the
+    next checks) and ``input_notes`` the notes on the inputs (input_checks.py), which lead ``notes``."""
     reach = triage.reaches_output(ev)
+    argv = list(inputs.get("argv") or [])
     doc = {
         "schema_version": SCHEMA_VERSION,
         "verdict": tri.verdict,
-        "root_causes": [_finding(ev, f, reach) for f in tri.root_causes],
+        "root_causes": [_finding(ev, f, reach, argv) for f in tri.root_causes],
         "suppressed": _suppressed(tri.suppressed),
         "first_divergence": ev.analysis.get("first_divergence"),
-        "other_candidates": [_finding(ev, f, reach) for f in tri.other_candidates],
+        "other_candidates": [_finding(ev, f, reach, argv) for f in tri.other_candidates],
         "precision": tri.precision,
-        "notes": tri.notes,
+        "notes": list(input_notes) + tri.notes,
         "partial": bool(ev.analysis.get("partial")),
         "comparability": ev.analysis.get("comparability"),
         "mode": ev.mode,
@@ -65,6 +70,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
         "summary": ev.mapping.get("summary"),
     }
     doc["glossary"] = explain.glossary(doc)
+    doc["answer"] = answer.build(doc, argv, input_notes)
     return doc
 
 
@@ -82,10 +88,6 @@ def write(out_dir: Path, doc: dict) -> Path:
     return path
 
 
-def _name(x) -> str:
-    if x is None:
-        return "-"
-    return ", ".join(x) if isinstance(x, list) else str(x)
 
 
 def _forward_line(rf: dict) -> str:
@@ -99,55 +101,74 @@ def _forward_line(rf: dict) -> str:
     return line
 
 
+def _command_line(cmd: list[str] | None) -> list[str]:
+    return [f"  run: {shlex.join(cmd)}"] if cmd else []
+
+
+def _logits_line(lv: dict) -> str | None:
+    if lv.get("kind") == "per_token_logprob":
+        first = lv.get("first_position_past_clean_level")
+        return (f"log-probs of the tokens: mean difference {lv['mean_abs_diff']:.3g}, largest {lv['max_abs_diff']:.3g}; "
+                + (f"first position past what rounding explains: {first}" if first is not None
+                   else "every position within what rounding explains"))
+    if lv.get("kind") == "logits_statistics" and isinstance(lv.get("error"), (int, float)):
+        return (f"logits: {lv['status']}, relative error {lv['error']:.3g} against a tolerance of "
+                f"{lv['tolerance']:.3g}")
+    return None
+
+
 def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
-    """A few lines for the terminal: verdict, top cause, where to look next.
+    """The terminal view, for a person: notes on the inputs, the answer, the next check and its
+    command, then the supporting lines and where the files are.
 
     ``visible`` is the sibling's safetext.visible: every line carries names from the dumps, so each
     is printed with control characters as visible escapes.
     """
-    lines = []
-    s = doc.get("summary") or {}
-    if s:
-        lines.append(f"mapping: {s.get('pairs')} pairs; coverage train {s.get('mapped_train_modules')}/"
-                     f"{s.get('train_modules')}, rollout {s.get('mapped_rollout_modules')}/{s.get('rollout_modules')}; "
-                     f"one-sided train {s.get('train_only')}, rollout {s.get('rollout_only')}")
+    a = doc["answer"]
+    lines = [f"note: {n}" for n in a["input_notes"]]
+    if a["nothing_compared"]:
+        why = a["nothing_compared"].removeprefix("nothing was compared").strip(" :()")
+        lines.append(f"nothing was compared ({why}): this is not an all-clear")
+    lines.append(f"verdict: {a['verdict']}")
+    rc = a["root_cause"]
+    if rc:
+        lines.append(f"root cause: {rc['what']} at {rc['where']}, layer {rc['layer']}")
+        lines.append(f"side: {rc['side']}: {rc['why_this_side']}")
+        lines.append(f"confidence: {rc['confidence']}")
+        first = a["next_checks"][0] if a["next_checks"] else None
+        if first:
+            lines.append(f"next check: {first['check']}")
+            lines += _command_line(first["command"])
+        if a["decide_side"]:
+            same = bool(first) and first["command"] == a["decide_side"]["command"]
+            lines.append(f"to decide the side: {a['decide_side']['check']}" + (" (the command above)" if same else ""))
+            lines += [] if same else _command_line(a["decide_side"]["command"])
+        if rc["more"]:
+            lines.append(f"{rc['more']} more root-cause candidate(s) in the report")
     fd = doc.get("first_divergence") or {}
     if fd.get("pair"):
-        lines.append(f"first divergence: {_name(fd.get('train_modules'))} (train) <-> "
-                     f"{_name(fd.get('rollout_modules'))} (rollout), tensor {fd.get('point')}")
-    else:
+        lines.append(f"first divergence: {answer.names(fd.get('train_modules'))} (train) <-> "
+                     f"{answer.names(fd.get('rollout_modules'))} (rollout), tensor {fd.get('point')}")
+    elif not a["nothing_compared"]:
         lines.append("first divergence: none beyond tolerance")
-    lines.append(f"verdict: {doc['verdict']}")
-    if doc["root_causes"]:
-        top = doc["root_causes"][0]
-        extra = f", missing on {top['missing_on']}" if top.get("missing_on") else ""
-        paired = (top.get("evidence") or {}).get("aligned_by")
-        extra += f", paired by {paired}" if paired in ("values", "order") else ""
-        lines.append(f"top cause: {top['category']} at train={_name(top['train_module'])} "
-                     f"rollout={_name(top['rollout_module'])} (layer {top['layer']}, side {top['side']}{extra}, "
-                     f"confidence {top['confidence']} {top['confidence_word']})")
-        if top.get("next_checks"):
-            lines.append(f"look next: {top['next_checks'][0]}")
-        if len(doc["root_causes"]) > 1:
-            lines.append(f"{len(doc['root_causes']) - 1} more root-cause candidate(s) in the report")
+    logits = _logits_line(doc.get("logits") or {})
+    if logits:
+        lines.append(logits)
     rf = doc.get("reference_forward") or {}
     if rf:
         lines.append("reference forward: " + _forward_line(rf))
-    for n in doc["notes"]:
-        lines.append(f"note: {n}")
+    shown = set(a["input_notes"]) | {f"not comparable: {a['nothing_compared']}"}
+    lines += [f"note: {n}" for n in doc["notes"] if n not in shown]
+    s = doc.get("summary") or {}
+    if s:
+        lines.append(f"mapping: {s.get('pairs')} module pairs; train {s.get('mapped_train_modules')} of "
+                     f"{s.get('train_modules')} modules mapped, rollout {s.get('mapped_rollout_modules')} of "
+                     f"{s.get('rollout_modules')}; on one side only: train {s.get('train_only')}, "
+                     f"rollout {s.get('rollout_only')}")
     n = doc["suppressed"]["counts"]
-    lines.append(f"structural pairs set aside: {n['structural_different']} differing (put down to layout or "
-                 f"carried from upstream, reasons in suppressed), {n['structural_clean']} agreeing, "
-                 f"{n['structural_not_compared']} not comparable as stored")
-    lv = doc.get("logits") or {}
-    if lv.get("kind") == "per_token_logprob":
-        first = lv.get("first_position_past_clean_level")
-        lines.append(f"log-probs of the tokens: mean |diff| {lv['mean_abs_diff']:.3g}, max {lv['max_abs_diff']:.3g}; "
-                     + (f"first position past the clean level: {first}" if first is not None
-                        else "every position within the clean level"))
-    elif lv.get("kind") == "logits_statistics" and isinstance(lv.get("error"), (int, float)):
-        lines.append(f"logits statistics: {lv['status']}, error {lv['error']:.3g} vs tolerance {lv['tolerance']:.3g}")
-    lines.append(f"evidence: {out_dir / REPORT}; write the final output_5_root_cause_report.md from "
-                 f"references/report_template.md")
+    lines.append(f"set aside as layout differences (fused or sharded pairs): {n['structural_different']} whose "
+                 f"values differ, {n['structural_clean']} that agree, {n['structural_not_compared']} not "
+                 f"comparable as stored")
     lines.append(f"report: {out_dir / HTML}")
+    lines.append(f"evidence (JSON): {out_dir / REPORT}")
     return "\n".join(visible(line) for line in lines)

@@ -319,7 +319,22 @@ def classify(s: Suspect) -> dict:
          "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],
          "evidence": ev_info, "rules_fired": [rule.id]}
     _DECIDE[rule.id](s, f, ev_info)
+    # The numbers and the chart mark of a finding come from the pair of the modules it names (a
+    # fused qkv, an enclosing module), not from the later pair where the triage saw the break.
+    ev_info["finding_pair"] = _named_pair(ev, f) or m["pid"]
     return f
+
+
+def _named_pair(ev: Evidence, f: dict) -> str | None:
+    want = (f.get("train_module"), f.get("rollout_module"))
+    return next((x["pid"] for x in ev.modules
+                 if (_path_names(x["train_modules"]), _path_names(x["rollout_modules"])) == want), None)
+
+
+def own_pair(f: dict) -> str:
+    """The pair of the modules finding ``f`` names (its evidence pair when it names no pair)."""
+    e = f["evidence"]
+    return e.get("finding_pair") or e["pair"]
 
 
 def _layout_side(ev: Evidence, cid: str | None) -> tuple[str, str] | None:

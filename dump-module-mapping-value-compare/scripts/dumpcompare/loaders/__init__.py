@@ -32,8 +32,7 @@ def load_path(path: Path, fold: bool = True) -> Dump:
     for key, value in iter_entries(path, state):
         folder.add(key, value)
     if not state.saw_data:
-        raise InputError(f"{path}: not a msprobe dump: no 'data' object "
-                         f"(top-level keys: {', '.join(sorted(state.header)) or 'none'})")
+        raise InputError(_not_a_dump(path, state.header))
     entries, skipped, folded = folder.finish()
     notes: list[str] = []
     if not folded:
@@ -83,6 +82,22 @@ def _load_generic(path: Path) -> Dump:
     return Dump(path=path, dump_dir=path.parent, fmt="generic", task=_str(doc.get("task")),
                 level="L0", framework=_str(doc.get("framework")), dump_data_dir=None,
                 entries=entries_from_generic(doc, path))
+
+
+# msprobe writes these beside dump.json; passed by mistake, they hold no tensor statistics.
+_SIDE_FILES = {"construct.json": "module tree", "stack.json": "call stacks"}
+
+
+def _not_a_dump(path: Path, header: dict) -> str:
+    """The one-line error for a JSON file without msprobe's 'data' object."""
+    if path.name in _SIDE_FILES:
+        beside = path.with_name("dump.json")
+        fix = (f"pass {beside} or its folder" if beside.is_file() else "pass the dump.json msprobe wrote beside it, "
+               "or its folder")
+        return f"{path}: this is msprobe's {path.name} ({_SIDE_FILES[path.name]}), not the dump; {fix}"
+    keys = sorted(header)
+    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return f"{path}: not a msprobe dump: no 'data' object (top-level keys: {shown or 'none'})"
 
 
 def _read_construct(path: Path, dump: Dump):
