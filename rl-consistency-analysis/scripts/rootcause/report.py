@@ -5,6 +5,7 @@ The markdown report is the agent's job (SKILL.md, references/report_template.md)
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Callable
 
