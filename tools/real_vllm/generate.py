@@ -93,10 +93,20 @@ def make(case):
     return f"{case.name}: {measured}"
 
 
+def redescribe(case):
+    """Rewrite DATA/<name>/case.json from ``cases`` (its measured block kept): no engine run."""
+    path = DATA / case.name / "case.json"
+    measured = json.loads(path.read_text())["measured"]
+    path.write_text(json.dumps(corpus.describe(case, measured), indent=1) + "\n")
+    return f"{case.name}: case.json rewritten"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="*", help="case names (default: all)")
     ap.add_argument("--models", action="store_true", help="rewrite the checkpoints under _models/ first")
+    ap.add_argument("--case-json-only", action="store_true",
+                    help="only rewrite case.json of cases already generated (after editing cases.py)")
     ap.add_argument("--jobs", type=int, default=1, help="cases generated at once (default 1)")
     args = ap.parse_args(argv)
     if args.models:
@@ -108,7 +118,10 @@ def main(argv=None):
     todo = [corpus.CASES[c] for c in args.cases or corpus.CASES]
     failed = 0
     with ThreadPoolExecutor(args.jobs) as pool:
-        for fut, case in [(pool.submit(make, c), c) for c in todo]:
+        if args.case_json_only:
+            todo = [c for c in todo if (DATA / c.name / "case.json").is_file()]
+        job = redescribe if args.case_json_only else make
+        for fut, case in [(pool.submit(job, c), c) for c in todo]:
             try:
                 print(fut.result(), flush=True)
             except Exception as exc:  # report every case, then fail
