@@ -69,3 +69,14 @@ def test_a_record_needs_one_log_prob_per_token():
         logprob_jsonl.record("s", [1, 2], [-0.5])
     rec = logprob_jsonl.record("s", [1], [-0.5], dtype=None, temperature=1.0)
     assert rec == {"id": "s", "token_ids": [1], "logprobs": [-0.5], "temperature": 1.0}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if json.loads((c / "case.json").read_text())["mode"] == "statistics"],
+                         ids=lambda p: p.name)
+def test_statistics_dumps_hold_mean_and_norm(case):
+    # msprobe 26.2 drops Mean and Norm under "precision": "high"; the dumpers' config must not set it.
+    for side in ("train", "rollout"):
+        data = json.loads(next((case / side).glob("step0/rank0/dump.json")).read_text())["data"]
+        stats = [t for entry in data.values() for t in entry.get("output") or []
+                 if isinstance(t, dict) and str(t.get("dtype", "")).startswith("torch.float")]
+        assert stats and all(t["Mean"] is not None and t["Norm"] is not None for t in stats)
