@@ -88,6 +88,9 @@ def make(case):
         _run([sys.executable, *rollout], log)
         _run([sys.executable, str(SCRIPTS / "dump_trainer.py"), "--model", str(train_dir),
               "--tokens", str(out / "tokens.json"), "--temperature", str(case.temperature), *common], log)
+    # msprobe's call stacks: large, read by no analysis, left out as tests/data/real/ leaves them out
+    for stack in out.glob("*/step*/rank*/stack.json"):
+        stack.unlink()
     measured = {"logprob_max_abs_delta": round(_max_delta(out), 6)}
     (out / "case.json").write_text(json.dumps(corpus.describe(case, measured), indent=1) + "\n")
     return f"{case.name}: {measured}"
