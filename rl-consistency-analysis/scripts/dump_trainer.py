@@ -33,9 +33,7 @@ def build_parser():
     ap.add_argument("--tokens", required=True, help='tokens.json: {"prompt_ids": [...], "response_ids": [...]}')
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="the job's rollout temperature the trainer divides the logits by (default 1)")
-    ap.add_argument("--dtype", choices=sorted(cli.DTYPES), default="fp32", help="model dtype (default fp32)")
-    ap.add_argument("--task", choices=("statistics", "tensor"), default="statistics", help="msprobe task")
-    ap.add_argument("--layers", help="dump only these decoder layers, e.g. 2-4 (default: all)")
+    cli.add_dump_options(ap)
     ap.add_argument("--out", required=True, help="output folder (may be the one dump_vllm.py wrote)")
     return ap
 
@@ -87,8 +85,6 @@ def _main(argv):
     if args.temperature < 0:
         raise cli.InputError("--temperature must be >= 0")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise cli.InputError(f"--out {out}: exists and is not a folder")
     cli.out_subdir(out, "train")
     cli.require(("torch", "transformers", "msprobe.pytorch"), "torch, transformers and msprobe",
                 "torch transformers mindstudio-probe")

@@ -42,12 +42,10 @@ def build_parser():
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1 = off)")
     ap.add_argument("--top-k", type=int, default=-1, help="top-k sampling (default -1 = off)")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    ap.add_argument("--dtype", choices=sorted(cli.DTYPES), default="fp32", help="model dtype (default fp32)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     ap.add_argument("--per-call", action="store_true",
                     help="one msprobe step per forward call (default: one step around the whole generation)")
-    ap.add_argument("--task", choices=("statistics", "tensor"), default="statistics", help="msprobe task")
-    ap.add_argument("--layers", help="dump only these decoder layers, e.g. 2-4 (default: all)")
+    cli.add_dump_options(ap)
     ap.add_argument("--hf-overrides", help="JSON object of config values vLLM overrides (hf_overrides)")
     ap.add_argument("--logprobs", type=int, default=5,
                     help="top log-probs recorded per token besides the sampled one's (default 5)")
@@ -82,8 +80,6 @@ def check(args):
         if not isinstance(overrides, dict):
             raise cli.InputError("--hf-overrides: expected a JSON object")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise cli.InputError(f"--out {out}: exists and is not a folder")
     cli.out_subdir(out, "rollout")
     return prompts
 

@@ -4,7 +4,8 @@ Public API:
     InputError              a bad option or input file (exit 2, one line)
     require(modules, what, pip)  import each module or raise InputError with one "needs ..." line
     DTYPES                  accepted ``--dtype`` spellings -> torch dtype name
-    out_subdir(out, name) -> Path   ``out/name``, refused if it already holds files
+    add_dump_options(ap)    the options both dumpers share: --dtype, --task, --layers
+    out_subdir(out, name) -> Path   ``out/name``, refused if it already holds files (or ``out`` is a file)
     run(main_fn, argv) -> int       call ``main_fn(argv)``; InputError -> message on stderr, 2
 """
 from __future__ import annotations
@@ -32,8 +33,17 @@ def require(modules, what, pip):
             raise InputError(f"needs {what} ({name} is not importable: {exc}): pip install {pip}") from None
 
 
+def add_dump_options(ap):
+    """--dtype, --task and --layers, spelled and defaulted the same on both sides."""
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="model dtype (default fp32)")
+    ap.add_argument("--task", choices=("statistics", "tensor"), default="statistics", help="msprobe task")
+    ap.add_argument("--layers", help="dump only these decoder layers, e.g. 2-4 (default: all)")
+
+
 def out_subdir(out, name):
     """``out/name`` for a new dump; an existing non-empty one is refused so no earlier dump is lost."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise InputError(f"--out {out}: exists and is not a folder")
     sub = Path(out) / name
     if sub.exists() and (not sub.is_dir() or any(sub.iterdir())):
         raise InputError(f"{sub}: already exists and is not empty; choose another --out or remove it")
