@@ -67,6 +67,10 @@ def check(doc, clean_dir, case_dir):
         ref_inputs = _tensors(ref["input_args"]) + _tensors(list(ref.get("input_kwargs", {}).values()))
         out[f"rank{rank}"] = {"input_rel": _rel(inputs, ref_inputs),
                               "output_rel": _rel(_tensors(got["output"]), _tensors(ref["output"]))}
+        if call:  # a fault from call k on: call k-1 must still agree with the clean run
+            before = _entry(case_dir / side, module, call - 1, rank), _entry(clean_dir / side, module, call - 1, rank)
+            out[f"rank{rank}"]["previous_call_output_rel"] = _rel(_tensors(before[0]["output"]),
+                                                                  _tensors(before[1]["output"]))
     return {"module": module, "call": call, "against": clean_dir.name, "ranks": out}
 
 
