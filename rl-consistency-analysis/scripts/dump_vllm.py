@@ -84,7 +84,8 @@ def check(args):
     return prompts
 
 
-def _engine_env(tp):
+def engine_env(tp):
+    """Environment the engine needs here (set before vLLM is imported)."""
     # The engine in this process (so collective_rpc reaches the workers directly), a small KV
     # cache on the CPU build, one core per TP worker; a user's own settings win.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -100,7 +101,7 @@ def make_engine(args, prompt_len):
     """The ``vllm.LLM`` set up for dumping: eager, one sequence, no prefix cache, no chunking."""
     import json
 
-    _engine_env(args.tp)
+    engine_env(args.tp)
     from vllm import LLM
 
     max_len = args.max_model_len or prompt_len + args.max_tokens
