@@ -34,6 +34,7 @@ def _run(script, args, blocked=("vllm", "torch", "transformers", "msprobe")):
     ("dump_vllm.py", ["--model", "--prompt-ids", "--max-tokens", "--per-call", "--tp", "--hf-overrides",
                       "--logprobs", "--task", "--layers", "--out"]),
     ("dump_trainer.py", ["--model", "--tokens", "--temperature", "--dtype", "--task", "--layers", "--out"]),
+    ("check_weight_sync.py", ["--model", "--engine-model", "--tp", "--dtype", "--out-dir"]),
 ])
 def test_help_works_without_the_engines(script, options):
     res = _run(script, ["--help"])
@@ -62,6 +63,18 @@ def test_dump_trainer_names_the_missing_package(tmp_path):
                                    "--out", str(tmp_path / "out")])
     _one_line_error(res, "needs torch", "pip install torch")
     assert not (tmp_path / "out").exists()
+
+
+def test_check_weight_sync_names_the_missing_package(tmp_path):
+    res = _run("check_weight_sync.py", ["--model", str(MODEL), "--out-dir", str(tmp_path / "out")])
+    _one_line_error(res, "needs vLLM", "pip install vllm")
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_weight_sync_needs_safetensors_in_the_reference(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    res = _run("check_weight_sync.py", ["--model", str(tmp_path), "--out-dir", str(tmp_path / "out")])
+    _one_line_error(res, "no *.safetensors")
 
 
 @pytest.mark.parametrize("args, piece", [

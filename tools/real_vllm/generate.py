@@ -102,6 +102,33 @@ def make(case):
     return f"{case.name}: {measured}"
 
 
+# Weight-sync checks written under DATA/_weight_sync/<case>/: the engine loads the case's faulty
+# checkpoint (the same copy ``_sides`` makes), the reference is the committed one.
+WEIGHT_SYNC_CASES = ("llama_stale_o_proj_stats_onestep", "llama_tp2_wrong_shard_gate_stats_onestep")
+
+
+def weight_sync(case):
+    """Run check_weight_sync.py for ``case`` into DATA/_weight_sync/<name>/."""
+    out = DATA / "_weight_sync" / case.name
+    if out.exists():
+        shutil.rmtree(out)
+    log = Path(tempfile.gettempdir()) / f"real_vllm_ws_{case.name}.log"
+    with tempfile.TemporaryDirectory() as tmp:
+        _, engine_dir, _, _ = _sides(case, Path(tmp))
+        cmd = [sys.executable, str(SCRIPTS / "check_weight_sync.py"), "--model", str(MODELS / case.family),
+               "--engine-model", str(engine_dir), "--tp", str(case.tp), "--dtype", case.dtype, "--out-dir", str(out)]
+        with open(log, "w") as fh:
+            rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    if rc not in (0, 1):
+        raise RuntimeError(f"check_weight_sync.py exited {rc}; see {log}")
+    for doc in out.glob("weight_sync.json"):  # scratch paths would differ at every run
+        text = json.loads(doc.read_text())
+        text["engine_model"] = f"<{case.name} faulty copy>"
+        text["reference"] = str(Path(text["reference"]).relative_to(ROOT))
+        doc.write_text(json.dumps(text, indent=1) + "\n")
+    return f"{case.name}: weight sync check written (exit {rc})"
+
+
 def redescribe(case):
     """Rewrite DATA/<name>/case.json from ``cases`` (its measured block kept): no engine run."""
     path = DATA / case.name / "case.json"
@@ -116,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--models", action="store_true", help="rewrite the checkpoints under _models/ first")
     ap.add_argument("--case-json-only", action="store_true",
                     help="only rewrite case.json of cases already generated (after editing cases.py)")
+    ap.add_argument("--weight-sync", action="store_true",
+                    help="only run the weight-sync checks of WEIGHT_SYNC_CASES")
     ap.add_argument("--jobs", type=int, default=1, help="cases generated at once (default 1)")
     args = ap.parse_args(argv)
     if args.models:
@@ -129,7 +158,9 @@ def main(argv=None):
     with ThreadPoolExecutor(args.jobs) as pool:
         if args.case_json_only:
             todo = [c for c in todo if (DATA / c.name / "case.json").is_file()]
-        job = redescribe if args.case_json_only else make
+        if args.weight_sync:
+            todo = [corpus.CASES[c] for c in WEIGHT_SYNC_CASES]
+        job = weight_sync if args.weight_sync else redescribe if args.case_json_only else make
         for fut, case in [(pool.submit(job, c), c) for c in todo]:
             try:
                 print(fut.result(), flush=True)
