@@ -30,8 +30,8 @@ def test_written_files_have_their_documented_shape(case):
     for tok, lp, top in zip(response, roll["logprobs"], roll["top_logprobs"]):
         values = [t["logprob"] for t in top]
         assert values == sorted(values, reverse=True) and lp <= values[0] + 1e-6
-        if doc["temperature"] == 0:  # greedy: the sampled token is the most likely one
-            assert top[0]["token_id"] == tok
+        if doc["temperature"] == 0:  # greedy: the sampled token is the most likely one (or tied with it)
+            assert lp == values[0]
     steps = sorted((case / "rollout").glob("step*"))
     assert len(steps) == doc["rollout"]["steps"]
     ranks = sorted(p.name for p in steps[0].iterdir())
@@ -78,5 +78,5 @@ def test_statistics_dumps_hold_mean_and_norm(case):
     for side in ("train", "rollout"):
         data = json.loads(next((case / side).glob("step0/rank0/dump.json")).read_text())["data"]
         stats = [t for entry in data.values() for t in entry.get("output") or []
-                 if isinstance(t, dict) and str(t.get("dtype", "")).startswith("torch.float")]
+                 if isinstance(t, dict) and t.get("dtype") in ("torch.float32", "torch.bfloat16", "torch.float16")]
         assert stats and all(t["Mean"] is not None and t["Norm"] is not None for t in stats)
