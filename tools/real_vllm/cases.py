@@ -112,7 +112,6 @@ CASES = dict([
     _c("llama_clean_tensor_onestep", task="tensor", max_tokens=3, layers="1"),
     _c("llama_stale_v_proj_tensor_onestep", task="tensor", max_tokens=3, layers="1",
        fault=fault("rollout", "stale_weight", "model.layers.1.self_attn.v_proj.weight", "checkpoint")),
-    _c("llama_clean_tensor_percall", task="tensor", per_call=True, max_tokens=3, layers="1"),
     _c("llama_stale_post_norm_tensor_percall", task="tensor", per_call=True, max_tokens=3, layers="1",
        fault=fault("rollout", "stale_weight", "model.layers.1.post_attention_layernorm.weight", "checkpoint")),
     _c("llama_sync_mid_k_proj_stats_percall", per_call=True,
@@ -150,7 +149,6 @@ CASES = dict([
     _c("llama_clean_stats_onestep_prefill_only", max_tokens=1, prompt_len=5),
     _c("llama_stale_embed_stats_percall_long", per_call=True, max_tokens=17, prompt_len=20, prompt_seed=7,
        fault=fault("rollout", "stale_weight", "model.embed_tokens.weight", "checkpoint")),
-    _c("llama_clean_stats_percall_long", per_call=True, max_tokens=17, prompt_len=20, prompt_seed=7),
     _c("llama_stale_lm_head_stats_onestep_sampled", temperature=0.8, prompt_len=5, max_tokens=3,
        fault=fault("rollout", "stale_weight", "lm_head.weight", "checkpoint")),
 ])
