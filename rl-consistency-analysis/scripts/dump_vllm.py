@@ -13,6 +13,7 @@ prompt) -> (response_ids, record), main(argv) -> exit code.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -59,13 +60,20 @@ def build_parser():
 
 def check(args):
     """Validate the options that need no engine; returns the prompt ids."""
-    import json
-
-    cli.model_dir(args.model)
+    model = cli.model_dir(args.model)
     prompts = token_ids.parse_prompt_ids(args.prompt_ids)
     if len(prompts) != 1:
         raise cli.InputError(f"--prompt-ids: {len(prompts)} prompts; dump one prompt per run "
                              "(a dump holding several requests mixes their rows)")
+    try:
+        vocab = json.loads((model / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise cli.InputError(f"{model / 'config.json'}: cannot be read as JSON ({exc})") from None
+    bad = [t for t in prompts[0] if isinstance(vocab, int) and t >= vocab]
+    if bad:
+        raise cli.InputError(f"--prompt-ids: token id {bad[0]} is outside the model's vocabulary ({vocab})")
+    if args.logprobs < 0:
+        raise cli.InputError("--logprobs must be >= 0")
     if args.max_tokens < 1:
         raise cli.InputError("--max-tokens must be at least 1")
     if args.tp < 1:
@@ -99,8 +107,6 @@ def engine_env(tp):
 
 def make_engine(args, prompt_len):
     """The ``vllm.LLM`` set up for dumping: eager, one sequence, no prefix cache, no chunking."""
-    import json
-
     engine_env(args.tp)
     from vllm import LLM
 

@@ -82,6 +82,7 @@ def test_check_weight_sync_needs_safetensors_in_the_reference(tmp_path):
     (["--prompt-ids", "[[5, 6], [7]]", "--max-tokens", "2"], "2 prompts"),
     (["--prompt-ids", "no_such_file.json", "--max-tokens", "2"], "neither JSON nor an existing file"),
     (["--prompt-ids", "[5, 6]", "--max-tokens", "0"], "--max-tokens"),
+    (["--prompt-ids", "[5, 999]", "--max-tokens", "1"], "outside the model's vocabulary (256)"),
     (["--prompt-ids", "[5, 6]", "--max-tokens", "2", "--hf-overrides", "[1]"], "JSON object"),
 ])
 def test_dump_vllm_bad_input(tmp_path, args, piece):

@@ -49,7 +49,7 @@ class Case:
         return "per_call" if self.per_call else "one_step"
 
 
-def _modules(family, target):
+def _modules(target):
     """(train module, rollout module, layer) a checkpoint tensor or config key stands for."""
     if target == "rms_norm_eps":  # every RMSNorm reads it: the first one departs
         return "model.layers.0.input_layernorm", "model.layers.0.input_layernorm", 0
@@ -72,7 +72,7 @@ def expected(case):
     if case.fault is None:
         return {"verdict": "clean", "category": None, "side": None, "train_modules": None,
                 "rollout_modules": None, "layer": None, "from_call": None}
-    train, rollout, layer = _modules(case.family, case.fault["target"])
+    train, rollout, layer = _modules(case.fault["target"])
     return {"verdict": "root_cause_found", "category": _CATEGORY[case.fault["kind"]],
             "side": case.fault["side"], "train_modules": [train], "rollout_modules": [rollout],
             "layer": layer, "from_call": case.fault.get("call", 0) if case.fault["side"] == "rollout" else None}
