@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dumping import cli, logprob_jsonl, msprobe_config, token_ids  # noqa: E402
+from dumping import cli, logprob_jsonl, msprobe_config, token_ids, vllm_worker_ext  # noqa: E402
 
-EXTENSION = "dumping.vllm_worker_ext.MsprobeWorkerExtension"
+# vLLM imports the extension by qualified name in every worker (scripts/ is on their PYTHONPATH).
+EXTENSION = f"{vllm_worker_ext.__name__}.{vllm_worker_ext.MsprobeWorkerExtension.__qualname__}"
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
