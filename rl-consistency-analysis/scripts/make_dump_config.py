@@ -54,8 +54,9 @@ def build(task: str, dump_path: str, level: str = "L0", summary_mode: str = "sta
         section["summary_mode"] = summary_mode
     return {
         "task": task, "dump_path": dump_path, "rank": ranks or [], "step": steps or [], "level": level,
-        # Statistics of bf16 tensors in float64, so the dump itself adds no rounding.
-        "precision": "high",
+        # No "precision": "high": msprobe 26.2 then leaves Mean and Norm out of every non-float64
+        # tensor (pytorch_processor.get_stat_info computes them only below "high"), and the
+        # statistics analysis needs them.
         "async_dump": False,
         task: section,
     }

@@ -50,7 +50,7 @@ def test_statistics_md5_and_all_layers(tmp_path):
     assert res.returncode == 0, res.stderr
     cfg = json.loads(out.read_text())
     assert cfg["statistics"] == {"scope": [], "list": [], "data_mode": ["forward"], "summary_mode": "md5"}
-    assert cfg["step"] == [0] and cfg["rank"] == [0, 1] and cfg["precision"] == "high"
+    assert cfg["step"] == [0] and cfg["rank"] == [0, 1] and "precision" not in cfg
 
 
 @pytest.mark.parametrize("args,needle", [

