@@ -212,3 +212,19 @@ def test_deep_saved_plan(tmp):
     shutil.copytree(PERTURBED, tmp / "rollout", dirs_exist_ok=True)
     refused(tmp, ["--train", "train", "--rollout", "rollout", "--plan", "plan.json"], "plan.json",
             "nested too deeply")
+
+
+@pytest.mark.parametrize("option, text, problem", [
+    ("--naming", "a: " + "[" * 50_000 + "]" * 50_000 + "\n", "cannot read naming profile (nested too deeply)"),
+    ("--tolerances", "a: " + "[" * 50_000 + "]" * 50_000 + "\n", "cannot read tolerances (nested too deeply)"),
+    ("--token-ids", DEEP, "--token-ids is not a JSON list of integers")])
+def test_deep_user_files(tmp, option, text, problem):
+    (tmp / "deep.txt").write_text(text, encoding="utf-8")
+    shutil.copytree(PERTURBED, tmp / "rollout", dirs_exist_ok=True)
+    refused(tmp, ["--train", "train", "--rollout", "rollout", option, "deep.txt"], "deep.txt", problem)
+
+
+def test_naming_file_that_is_a_device_is_not_read_forever(tmp):
+    shutil.copytree(PERTURBED, tmp / "rollout", dirs_exist_ok=True)
+    refused(tmp, ["--train", "train", "--rollout", "rollout", "--naming", "/dev/zero"], "/dev/zero",
+            "cannot read naming profile (it is a device or FIFO)")
