@@ -109,6 +109,17 @@ def test_links_that_stay_inside_and_a_linked_folder_on_the_command_line_are_read
     assert "model.layers.1.mlp.down_proj" in doc4["first_divergence"]["train_modules"]
 
 
+def test_link_loops_in_the_dump_folder_are_passed_over(tmp):
+    shutil.copy(PERTURBED / DUMP, tmp / "rollout" / DUMP)
+    (tmp / "rollout" / "loop").symlink_to("loop")                 # a folder-like loop
+    (tmp / "rollout" / "step0" / "dump.json").symlink_to("dump.json")
+    rc, _, err = run("--train", "train", "--rollout", "rollout", "--out-dir", tmp / "out", "--quiet", cwd=tmp)
+    assert rc == 0, err
+    doc1 = json.loads((tmp / "out" / "output_1_key_mapping.json").read_text(encoding="utf-8"))
+    assert [f["path"] for f in doc1["sources"]["input_plan"]["sides"]["rollout"]["steps"][0]["files"]] == [
+        f"rollout/{DUMP}"]
+
+
 # ---------------------------------------------------------------------------------------------
 # item 1: --model folders keep their links (Hugging Face cache), but not to devices or FIFOs
 

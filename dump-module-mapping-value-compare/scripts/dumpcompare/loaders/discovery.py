@@ -52,15 +52,25 @@ def files_below(root: Path, wanted: Callable[[str], bool], max_depth: int = _MAX
                 continue
             for e in entries:
                 path, linked = folder / e.name, via_link or e.is_symlink()
-                if e.is_dir():
+                what = _entry_kind(e)
+                if what == "folder":
                     if depth < max_depth:
                         below.append((path, linked))
-                elif wanted(e.name) and e.is_file():
+                elif what == "file" and wanted(e.name):
                     if linked:
                         _check_inside(path, Path(root), real_root)
                     found.append(path)
         yield from sorted(found)
         level = sorted(below)
+
+
+def _entry_kind(e: os.DirEntry) -> str | None:
+    """"folder", "file" or None (anything else, a link to nothing, or a link loop: DirEntry
+    raises for the loop where a missing target gives False)."""
+    try:
+        return "folder" if e.is_dir() else "file" if e.is_file() else None
+    except OSError:
+        return None
 
 
 def _check_inside(path: Path, root: Path, real_root: Path) -> None:
