@@ -24,7 +24,7 @@ dumpcompare.refmodel runs on ``--refmodel-tokens`` tokens; its peak memory over 
 
 Wide module (``wide``): ``tools/widedump.py`` writes pairs whose one module returns 10k, 100k and
 300k tensors (``--wide-leaves``); ``build_plan`` alone is timed on each, best of ``--repeat``
-runs, and its time per leaf at the largest size is set against that at the smallest (planning
+(and at least 5 s of) runs, and its time per leaf at the largest size is set against that at the smallest (planning
 is linear when the two are close; issue 28).
 
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
@@ -866,7 +866,7 @@ def run_wide(args, work: Path, mem_limit: int, created: list, results: dict, row
             per_leaf[n] = json.loads(st.runs[-1].stdout.strip().splitlines()[-1])
     results["wide"] = per_leaf
     if per_leaf:
-        info_lines.append("wide: build_plan per leaf (best of " + str(args.repeat) + "): " + "; ".join(
+        info_lines.append("wide: build_plan per leaf (best of >= " + str(args.repeat) + " runs, >= 5 s): " + "; ".join(
             f"{n}: cpu {t['cpu_us_per_leaf']:.1f} us, wall {t['wall_us_per_leaf']:.1f} us" for n, t in per_leaf.items()))
     small, large = min(args.wide_leaves), max(args.wide_leaves)
     if small in per_leaf and large in per_leaf and large > small:
