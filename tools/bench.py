@@ -675,7 +675,7 @@ def main(argv=None) -> int:
     ap.add_argument("--refmodel-dtype", choices=("fp32", "bf16"), default="bf16")
     ap.add_argument("--wide-leaves", default=None,
                     help="comma-separated output counts of the wide stage's one module "
-                         "(default 10000,100000,300000; 10000,30000 with --quick)")
+                         "(default 10000,100000,300000; 2000,10000 with --quick)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -687,7 +687,7 @@ def main(argv=None) -> int:
     args.tensor_seq_len = args.tensor_seq_len or (16 if q else 1024)
     args.tensor_vocab = args.tensor_vocab or (256 if q else 65536)
     try:
-        args.wide_leaves = [int(x) for x in (args.wide_leaves or ("10000,30000" if q else "10000,100000,300000"))
+        args.wide_leaves = [int(x) for x in (args.wide_leaves or ("2000,10000" if q else "10000,100000,300000"))
                             .split(",") if x.strip()]
     except ValueError:
         ap.error(f"--wide-leaves: not a comma-separated list of integers: {args.wide_leaves!r}")
@@ -873,8 +873,8 @@ def run_wide(args, work: Path, mem_limit: int, created: list, results: dict, row
         a, b = per_leaf[small], per_leaf[large]
         ratio_lines.append(
             f"ratio wide: build_plan time per leaf at {large} leaves / at {small} = "
-            f"cpu {_fmt_ratio(_ratio(b['cpu_us_per_leaf'], a['cpu_us_per_leaf']))}, "
-            f"wall {_fmt_ratio(_ratio(b['wall_us_per_leaf'], a['wall_us_per_leaf']))} (target <= 1.5: linear)")
+            f"{_fmt_ratio(_ratio(b['cpu_us_per_leaf'], a['cpu_us_per_leaf']))} cpu, "
+            f"{_fmt_ratio(_ratio(b['wall_us_per_leaf'], a['wall_us_per_leaf']))} wall (target <= 1.5x: linear)")
 
 
 def _stage_json(st: Stage) -> dict:
