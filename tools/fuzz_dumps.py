@@ -1177,7 +1177,7 @@ CANARY = "canaryoutside"
 MODEL = ROOT / "tests" / "data" / "real" / "_models" / "llama"
 
 
-def _canary_copy(case: Case, src: Path, dst: Path) -> None:
+def _canary_copy(src: Path, dst: Path) -> None:
     """Copy dump ``src`` to ``dst`` (outside the dump folders) with the canary in every module name."""
     text = src.read_text(encoding="utf-8", errors="replace")
     text = re.sub(r'"Module\.', f'"Module.{CANARY}.', text).replace('"name": "', f'"name": "{CANARY}.')
@@ -1205,7 +1205,7 @@ def link_out(case, side):
         os.symlink(target, construct)
         by_name = False
     elif how.startswith("dump_json"):
-        _canary_copy(case, dump, outside / "dump.json")
+        _canary_copy(dump, outside / "dump.json")
         dump.unlink()
         os.symlink(os.path.relpath(outside / "dump.json", dump.parent) if how.endswith("relative")
                    else outside / "dump.json", dump)
@@ -1215,7 +1215,7 @@ def link_out(case, side):
         if step is None:
             return "link_out: the dump has no folder of its own"
         shutil.move(str(step), str(outside / step.name))
-        _canary_copy(case, outside / step.name / dump.name, outside / step.name / dump.name)
+        _canary_copy(outside / step.name / dump.name, outside / step.name / dump.name)
         os.symlink(outside / step.name, step, target_is_directory=True)
         by_name = True
     case.canary, case.canary_side, case.canary_by_name = CANARY, side, by_name
