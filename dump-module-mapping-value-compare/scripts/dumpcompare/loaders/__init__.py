@@ -70,7 +70,7 @@ def _header_notes(task: str | None, level: str | None) -> list[str]:
     notes = []
     if task in _OTHER_TASKS:
         notes.append(f"task {task!r}: msprobe writes {_OTHER_TASKS[task]} for this task, not every module's "
-                     f"values; compared as far as they go")
+                     "values; compared as far as they go")
     elif task is not None and task not in _COMPARED_TASKS:
         notes.append(f"task {task!r} is not a msprobe dump task ({', '.join(_COMPARED_TASKS)}); "
                      "read as a statistics dump")
