@@ -95,7 +95,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert "median s" in out and "peak MB" in out
     for label in ("ratio statistics compare:", "ratio statistics root cause triage",
                   "ratio statistics end to end", "ratio tensor compare:",
-                  "ratio tensor rootcause:"):
+                  "ratio tensor rootcause:", "ratio wide:"):
         line = next((ln for ln in out.splitlines() if ln.startswith(label)), None)
         assert line is not None, (label, out)
         assert re.search(r"= >?\d+\.\d\dx", line), line
@@ -103,6 +103,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert re.search(r"verdict \(full run\): root_cause_found", out), out
     # Generated files are removed without --keep.
     assert not (work / "stats_pair").exists() and not (work / "tensor_pair").exists()
+    assert not list(work.glob("wide_*"))
 
 
 @pytest.mark.slow

@@ -22,6 +22,11 @@ random bf16 Llama checkpoint of ``--refmodel-mb`` (default 300); the numpy forwa
 dumpcompare.refmodel runs on ``--refmodel-tokens`` tokens; its peak memory over a baseline process
 (imports and headers only) is set against the checkpoint's largest layer.
 
+Wide module (``wide``): ``tools/widedump.py`` writes pairs whose one module returns 10k, 100k and
+300k tensors (``--wide-leaves``); ``build_plan`` alone is timed on each, best of ``--repeat``
+(and at least 5 s of) runs, and its time per leaf at the largest size is set against that at the smallest (planning
+is linear when the two are close; issue 28).
+
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
 
@@ -65,7 +70,7 @@ COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.
 ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
 TRIAGE_LOGPROBS = ROOT / "rl-consistency-analysis" / "scripts" / "triage_logprobs.py"
 TESTS = ROOT / "tests"
-STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "refmodel")
+STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "wide", "refmodel")
 # Stages run when --stages is not given: the refmodel stage writes a checkpoint of hundreds of MB
 # and is asked for by name (make bench runs it after the others).
 DEFAULT_STAGES = STAGES[:-1]
@@ -675,6 +680,9 @@ def main(argv=None) -> int:
     ap.add_argument("--refmodel-dtype", choices=("fp32", "bf16"), default="bf16")
     ap.add_argument("--logprob-tokens", type=int, default=None,
                     help="response tokens per side of the log-prob triage stage (default 10^6; 10^5 with --quick)")
+    ap.add_argument("--wide-leaves", default=None,
+                    help="comma-separated output counts of the wide stage's one module "
+                         "(default 10000,100000,300000; 2000,10000 with --quick)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -686,6 +694,11 @@ def main(argv=None) -> int:
     args.tensor_seq_len = args.tensor_seq_len or (16 if q else 1024)
     args.tensor_vocab = args.tensor_vocab or (256 if q else 65536)
     args.logprob_tokens = args.logprob_tokens or (100_000 if q else 1_000_000)
+    try:
+        args.wide_leaves = [int(x) for x in (args.wide_leaves or ("2000,10000" if q else "10000,100000,300000"))
+                            .split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--wide-leaves: not a comma-separated list of integers: {args.wide_leaves!r}")
     stages = {s.strip() for s in args.stages.split(",") if s.strip()}
     unknown = stages - set(STAGES)
     if unknown:
@@ -772,6 +785,8 @@ def main(argv=None) -> int:
 
         if "logprobs" in stages:
             run_logprobs(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+        if "wide" in stages:
+            run_wide(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
         if "refmodel" in stages:
             run_refmodel(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
@@ -869,6 +884,38 @@ def run_refmodel(args, work: Path, mem_limit: int, created: list, results: dict,
             f"{_fmt_ratio(_ratio(over, sizes['file_bytes']))} the checkpoint; median {_fmt_s(st.median)} s")
         results["refmodel"] = {**sizes, "peak_bytes": st.peak, "baseline_peak_bytes": base.peak,
                                "median_s": st.median}
+
+
+def run_wide(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+             ratio_lines: list, info_lines: list) -> None:
+    """Planning one module of many outputs (tools/widedump.py): time per leaf of build_plan alone
+    at each of --wide-leaves, and the largest size's against the smallest's (linear: about 1)."""
+    import widedump
+
+    per_leaf = {}
+    for n in args.wide_leaves:
+        folder = work / f"wide_{n}"
+        created.append(folder)
+        log(f"wide: writing a pair with one module of {n} outputs")
+        widedump.write_pair(folder, n)
+        st = run_stage(f"wide: plan {n} leaves (load + name + plan)",
+                       [args.python, "-c", widedump.PLAN_TIMING, str(widedump.SCRIPTS), str(folder), str(n),
+                        str(args.repeat)], 1, mem_limit=mem_limit)
+        results["stages"][st.name] = _stage_json(st)
+        rows.append(stage_row(st))
+        if st.failed is None:
+            per_leaf[n] = json.loads(st.runs[-1].stdout.strip().splitlines()[-1])
+    results["wide"] = per_leaf
+    if per_leaf:
+        info_lines.append("wide: build_plan per leaf (best of >= " + str(args.repeat) + " runs, >= 5 s): " + "; ".join(
+            f"{n}: cpu {t['cpu_us_per_leaf']:.1f} us, wall {t['wall_us_per_leaf']:.1f} us" for n, t in per_leaf.items()))
+    small, large = min(args.wide_leaves), max(args.wide_leaves)
+    if small in per_leaf and large in per_leaf and large > small:
+        a, b = per_leaf[small], per_leaf[large]
+        ratio_lines.append(
+            f"ratio wide: build_plan time per leaf at {large} leaves / at {small} = "
+            f"{_fmt_ratio(_ratio(b['cpu_us_per_leaf'], a['cpu_us_per_leaf']))} cpu, "
+            f"{_fmt_ratio(_ratio(b['wall_us_per_leaf'], a['wall_us_per_leaf']))} wall (target <= 1.5x: linear)")
 
 
 def _stage_json(st: Stage) -> dict:

@@ -19,6 +19,10 @@ subprocess, and checks the contract:
   exactly when a side was salvaged;
 * a tensor leaf redirected outside its dump folder is never read in tensor mode, and a hostile
   pickle's marker file never appears;
+* a dump.json, step folder or construct.json replaced by a link out of its side's folder is never
+  read (issue 28): the canary in every module name of the outside copy appears in no output,
+  unless the run named that file itself; ``--model`` folders with hostile configs, headers and
+  links, and modules returning thousands of tensors, keep the same contract;
 * the views hold no dump text in a form their viewer would run or mis-render (issue 18): no
   control or format character on stdout, stderr or in output_4's markdown, every markdown table
   row as wide as its header, no CSV cell that starts like a formula unless it is a number.
@@ -44,6 +48,7 @@ import shlex
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -439,6 +444,13 @@ class Case:
     # never read and must_not_read says nothing about what was read.
     data_duplicated: bool = False
     exact_check: bool = True                             # the expectations above are reliable
+    # Text that only a file outside the case's dump folders holds, reached by a link from inside
+    # one: it must appear in no output (issue 28). ``canary_side`` is the side of the link, and
+    # ``canary_by_name`` True when a run naming that side's dump file itself may read it (the user's choice).
+    canary: str | None = None
+    canary_side: str | None = None
+    canary_by_name: bool = False
+    extra_args: list = field(default_factory=list)       # more command-line arguments (--model ...)
 
     def dump_path(self, side: str) -> Path:
         return self.dir / self.base.sides[side].dump
@@ -1161,6 +1173,128 @@ def side_files(case, side):
     return f"side {how}"
 
 
+CANARY = "canaryoutside"
+MODEL = ROOT / "tests" / "data" / "real" / "_models" / "llama"
+
+
+def _canary_copy(src: Path, dst: Path) -> None:
+    """Copy dump ``src`` to ``dst`` (outside the dump folders) with the canary in every module name."""
+    text = src.read_text(encoding="utf-8", errors="replace")
+    text = re.sub(r'"Module\.', f'"Module.{CANARY}.', text).replace('"name": "', f'"name": "{CANARY}.')
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(text, encoding="utf-8")
+
+
+@mutation("fs")
+def link_out(case, side):
+    """A dump.json, its step folder or its construct.json replaced by a link out of the folder."""
+    rng = case.rng
+    dump = case.dump_path(side)
+    if not dump.is_file() or dump.is_symlink():
+        return "link_out: no dump file"
+    how = rng.choice(["dump_json", "dump_json_relative", "step_folder", "construct"])
+    outside = case.dir / "outside" / f"run_{side}"
+    case.exact_check = False
+    if how == "construct":
+        target = outside / "construct.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({f"Module.{CANARY}.Linear.forward.0": None}), encoding="utf-8")
+        construct = dump.parent / "construct.json"
+        if os.path.lexists(construct):
+            construct.unlink()
+        os.symlink(target, construct)
+        by_name = False
+    elif how.startswith("dump_json"):
+        _canary_copy(dump, outside / "dump.json")
+        dump.unlink()
+        os.symlink(os.path.relpath(outside / "dump.json", dump.parent) if how.endswith("relative")
+                   else outside / "dump.json", dump)
+        by_name = True
+    else:
+        step = dump.parent if dump.parent != case.dir / side else None
+        if step is None:
+            return "link_out: the dump has no folder of its own"
+        shutil.move(str(step), str(outside / step.name))
+        _canary_copy(outside / step.name / dump.name, outside / step.name / dump.name)
+        os.symlink(outside / step.name, step, target_is_directory=True)
+        by_name = True
+    case.canary, case.canary_side, case.canary_by_name = CANARY, side, by_name
+    return f"link_out {how}"
+
+
+@mutation("fs")
+def model_folder(case, side):
+    """--model: a copy of a small Llama folder with a hostile config.json, header or link."""
+    rng = case.rng
+    model = case.dir / "model"
+    if not model.exists():
+        shutil.copytree(MODEL, model)
+    how = rng.choice(["deep_config", "nan_values", "string_heads", "zero_heads", "negative_heads",
+                      "many_layers", "config_list", "config_device", "config_fifo", "blob_links",
+                      "deep_header", "shard_dangling", "shard_device"])
+    config = model / "config.json"
+    doc = json.loads((MODEL / "config.json").read_text(encoding="utf-8"))
+    case.exact_check = False
+    if how == "deep_config":
+        config.write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    elif how in ("nan_values", "string_heads", "zero_heads", "negative_heads", "many_layers"):
+        key = rng.choice(["num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                          "rms_norm_eps", "rope_theta", "num_hidden_layers", "vocab_size"])
+        value = {"nan_values": float("nan"), "string_heads": "32", "zero_heads": 0, "negative_heads": -4,
+                 "many_layers": 10 ** 9}[how]
+        doc[key if how != "many_layers" else "num_hidden_layers"] = value
+        config.write_text(json.dumps(doc))
+    elif how == "config_list":
+        config.write_text("[1, 2]")
+    elif how in ("config_device", "shard_device"):
+        target = config if how == "config_device" else model / "model.safetensors"
+        target.unlink()
+        os.symlink("/dev/zero", target)
+    elif how == "config_fifo":
+        config.unlink()
+        os.mkfifo(config)
+    elif how == "blob_links":
+        blobs = case.dir / "blobs"
+        blobs.mkdir(exist_ok=True)
+        for f in list(model.iterdir()):
+            shutil.move(str(f), str(blobs / f.name))
+            os.symlink(os.path.relpath(blobs / f.name, model), f)
+    elif how == "deep_header":
+        header = ('{"a": ' + "[" * 100000 + "]" * 100000 + "}").encode()
+        (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    elif how == "shard_dangling":
+        (model / "model.safetensors").unlink()
+        os.symlink("missing_blob", model / "model.safetensors")
+    if "--model" not in case.extra_args:
+        case.extra_args += ["--model", str(model)]
+    return f"model {how}"
+
+
+@mutation("doc")
+def wide_module(case, side):
+    """One entry's output becomes thousands of tensors (a module returning a long tuple)."""
+    rng = case.rng
+    ents = [(c, i) for c, i in _entries(case, side) if isinstance(_entry_value(case, side, c, i), Obj)]
+    if not ents:
+        return "wide_module: no entry"
+    cont, i = rng.choice(ents)
+    value = _entry_value(case, side, cont, i)
+    member = "outputs" if case.fmt(side) == "generic" else "output"
+    out = value.get(member)
+    first = out if _is_leaf(out) else next(
+        (_get(c, slot) for c, slot, _ in _walk(out) if _is_leaf(_get(c, slot))), None)
+    if first is None:
+        return "wide_module: entry without an output tensor"
+    n = rng.choice([2000, 5000, 20000])
+    value.set(member, [first] * n)
+    case.exact_check = False
+    return f"wide_module {n} outputs"
+
+
+def _entry_value(case, side, cont, i):
+    return cont[i] if case.fmt(side) == "generic" else cont[i][1]
+
+
 # ==============================================================================================
 # Running and checking
 
@@ -1282,11 +1416,21 @@ def check_run(run: Run, case: Case, out_dir: Path, expected: tuple, before: dict
             v += check_views(name, out_dir, run.stdout)
     if bad := _invisible(run.stderr):
         v.append(f"{name}: control character {bad[0]!r} on stderr")
+    if case.canary and _shows_canary(case.canary, run, out_dir):
+        v.append(f"{name}: read a file through a link out of the {case.canary_side} folder "
+                 f"(its canary is in the output)")
     if compare_rc is not None and run.returncode is not None and compare_rc in (0, 2) \
             and run.returncode != compare_rc:
         v.append(f"{name}: exit {run.returncode} but run_compare.py exited {compare_rc}: "
                  f"{_last_line(run.stderr)}")
     return v
+
+
+def _shows_canary(canary: str, run: Run, out_dir: Path) -> bool:
+    if canary in run.stdout or canary in run.stderr:
+        return True
+    files = [p for p in out_dir.iterdir() if p.is_file()] if out_dir.is_dir() else []
+    return any(canary in p.read_text(encoding="utf-8", errors="replace") for p in files)
 
 
 def _names_a_file(line: str, argv: list[str]) -> bool:
@@ -1465,8 +1609,10 @@ def execute_case(case: Case, run_rootcause: bool, timeout: float) -> Outcome:
         as_file = rng.random() < 0.3
         target = spec.dump if as_file else spec.root
         sides[s] = target if rng.random() < 0.5 else str(cdir / target)
+    if case.canary_by_name and sides[case.canary_side].endswith(".json"):
+        case.canary = None       # the user named the linked file (or a path through the link) itself
     out_name = rng.choice(["out", "out", "out/nested/deeper", "out dir ü"])
-    extra = ["--statistics-only"] if rng.random() < 0.1 else []
+    extra = (["--statistics-only"] if rng.random() < 0.1 else []) + case.extra_args
     pre_create = rng.random() < 0.2
     runs, violations = [], []
     tools = [(COMPARE, COMPARE_OUTPUTS, "out")]

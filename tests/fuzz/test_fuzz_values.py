@@ -208,11 +208,26 @@ def test_empty_tensor_against_full_one_is_a_size_problem(pair):
     assert res["status"] in ("incomparable", "structural") and res["reason"], res
 
 
-@pytest.mark.parametrize("shape", [[-1, 16], [1.5], [True], "4,16", None, [[4]], [2 ** 63]])
-def test_malformed_shape_runs(pair, shape):
+@pytest.mark.parametrize("shape", ["4,16", None, {"rows": 4}])
+def test_shape_that_is_not_a_list_runs(pair, shape):
     sides(pair, MLP_OUT)[1].set("shape", shape)
     res = direct_result(run(pair)[3], MLP_OUT)
     assert res["status"] in ("match", "incomparable", "structural"), res
+
+
+@pytest.mark.parametrize("shape, problem", [
+    ([-1, 16], "dimension '-1', not a non-negative integer"), ([1.5], "dimension '1.5'"),
+    ([True], "dimension 'True'"), ([[4]], "dimension '[4]'"), ([2 ** 63], "2^63 elements or more"),
+    ([10 ** 12] * 2, "2^63 elements or more"), ([1] * 65, "65 dimensions (a tensor has at most 64)")])
+def test_shape_no_tensor_has_is_refused_naming_the_entry(pair, shape, problem):
+    # Issue 28: a count this large reached Python's integer-digit limit in a reason string.
+    sides(pair, MLP_OUT)[1].set("shape", shape)
+    write_doc(pair.train, pair.t)
+    write_doc(pair.rollout, pair.r)
+    rc, out, err = compare(pair.train, pair.rollout, pair.out)
+    assert rc == 2 and out == "" and not pair.out.exists()
+    assert err.count("\n") == 1 and err.startswith(f"error: {pair.rollout}")
+    assert f"entry {MLP_OUT[2]}, leaf {MLP_OUT[3]}: shape " in err and problem in err, err
 
 
 # ---------------------------------------------------------------------------------------------

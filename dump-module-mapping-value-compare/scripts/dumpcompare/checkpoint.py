@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .containment import kind
 from .errors import InputError
 from .tensorio import widen_bf16
 
@@ -105,6 +106,8 @@ def _header(path: Path) -> dict[str, StoredTensor]:
             meta = json.loads(fh.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{path}: safetensors header is not JSON ({exc})") from None
+        except RecursionError:
+            raise InputError(f"{path}: safetensors header is nested too deeply to be one") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: safetensors header is not a JSON object")
     base, out, spans = 8 + n, {}, []
@@ -142,10 +145,11 @@ def load(folder: str | Path) -> Checkpoint:
     if not root.is_dir():
         raise InputError(f"{root}: --model must be a Hugging Face model folder")
     index = root / INDEX
+    _check_readable(index)
     if index.is_file():
         try:
             wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError):
             raise InputError(f"{index}: not a safetensors index (no weight_map)") from None
         if not isinstance(wmap, dict):
             raise InputError(f"{index}: weight_map is not an object")
@@ -156,8 +160,12 @@ def load(folder: str | Path) -> Checkpoint:
         raise InputError(f"{root}: no *.safetensors files in the model folder")
     tensors: dict[str, StoredTensor] = {}
     for f in files:
-        if not f.is_file():
-            raise InputError(f"{f}: listed in {INDEX} but missing")
+        what = kind(f)
+        if what == "missing":
+            raise InputError(f"{f}: listed in {INDEX} but missing" if index.is_file() else
+                             f"{f}: a link to nothing (the file it names is missing)")
+        if what != "file":
+            raise InputError(f"{f}: a {what}, not a safetensors file")
         tensors.update(_header(f))
     return Checkpoint(root, files, tensors, read_config(root / "config.json"))
 
@@ -165,12 +173,23 @@ def load(folder: str | Path) -> Checkpoint:
 def read_config(path: str | Path) -> dict:
     """A config.json as a dict (empty when absent); a text config that is not JSON is an error."""
     p = Path(path)
+    _check_readable(p)
     if not p.is_file():
         return {}
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{p}: not a JSON config ({exc.__class__.__name__})") from None
+    except RecursionError:
+        raise InputError(f"{p}: not a JSON config (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise InputError(f"{p}: config is not a JSON object")
     return doc
+
+
+def _check_readable(path: Path) -> None:
+    """Links in a model folder are normal (a Hugging Face cache snapshot links every file into
+    ``../../blobs``), but one to a device or FIFO would block or never end when read."""
+    what = kind(path)
+    if what not in ("file", "missing"):
+        raise InputError(f"{path}: a {what}, not a JSON file")

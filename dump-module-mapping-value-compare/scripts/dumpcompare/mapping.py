@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from .gcpause import collector_paused
 from .naming import ModuleRecord, Namer
 from .records import FORWARD
 
@@ -92,6 +93,7 @@ def _forward_modules(recs: list[ModuleRecord]) -> list[ModuleRecord]:
     return [r for r in recs if r.kind == "module" and r.direction == FORWARD]
 
 
+@collector_paused()
 def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Namer,
                align: Callable[..., list[Aligned]] | None = None) -> MappingPlan:
     """Pair modules and plan point comparisons for two sides' records. ``align`` (value_align.align
@@ -164,11 +166,13 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
             pair.aligned_by = found.by
             aligned_points += _aligned_points(pair, found)
         else:
+            # A set beside each list: a wide module carries hundreds of thousands of points.
+            seen: dict[str, set[str]] = {io: set() for io in pair.points}
             for r in trs + ros:
                 for port in r.ports:
-                    bucket = pair.points[port.io]
-                    if port.point not in bucket:
-                        bucket.append(port.point)
+                    if port.point not in seen[port.io]:
+                        seen[port.io].add(port.point)
+                        pair.points[port.io].append(port.point)
         pairs.append(pair)
 
     one_sided = _one_sided(sides, fwd, paired, pairs, fam, namer)

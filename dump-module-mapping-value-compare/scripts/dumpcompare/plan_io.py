@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .containment import kind
 from .errors import InputError
 from .mapping import Carrier, MappingPlan, OneSided, Pair, PointPlan
 from .naming import ModuleRecord
@@ -47,10 +48,15 @@ class _Keys:
 def read(path: str | Path) -> dict:
     """The saved plan document (checked before the dumps are read, so a wrong file fails fast)."""
     path = Path(path)
+    what = kind(path)
+    if what != "file":
+        raise InputError(f"{path}: --plan is {'missing' if what == 'missing' else 'a ' + what}, not a JSON file")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: --plan is not a readable JSON file ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: --plan is not a mapping plan (nested too deeply)") from None
     if not isinstance(doc, dict) or str(doc.get("schema_version", "")).split(".")[0] != _MAJOR:
         raise InputError(f"{path}: --plan needs an output_2_mapping.json of schema_version {_MAJOR}.x")
     return doc

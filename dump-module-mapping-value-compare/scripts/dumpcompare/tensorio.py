@@ -21,6 +21,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from .containment import LeadsOutside, resolve_within
+
 __all__ = ["TensorReadError", "TensorInfo", "resolve_data_file", "load_pt_tree", "load_tensor", "load_pt_dict",
            "open_tensor", "widen_bf16", "bfloat16_bits"]
 
@@ -502,11 +504,11 @@ def resolve_data_file(dump_dir: Path, data_name: str, dump_data_dir: str | None)
         try:
             if not os.path.lexists(candidate):
                 continue
-            real = candidate.resolve()
+            real = resolve_within(candidate, root)
+        except LeadsOutside:
+            raise TensorReadError(candidate, f"leads outside the dump folder {root}") from None
         except (OSError, RuntimeError) as exc:  # RuntimeError: symlink loop
             raise TensorReadError(candidate, _describe(exc)) from exc
-        if not real.is_relative_to(root):
-            raise TensorReadError(candidate, f"leads outside the dump folder {root}")
         if real.is_file():
             return real
     raise TensorReadError(data_name, "not found (looked for " + ", ".join(map(str, tried)) + ")")

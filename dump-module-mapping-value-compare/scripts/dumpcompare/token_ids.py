@@ -61,7 +61,7 @@ def parse_given(text: str | None) -> list[int] | None:
             raise InputError(f"{text}: --token-ids file cannot be read ({exc.__class__.__name__})") from None
     try:
         ids = json.loads(src)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise InputError(f"{text}: --token-ids is not a JSON list of integers") from None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                         for i in ids):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from .containment import kind
 from .errors import InputError
 
 
@@ -28,10 +29,16 @@ def read_user_yaml(path: str, what: str, like: dict | None = None) -> dict:
     With ``like`` (the built-in document it overrides) every value must have the type the
     built-in one has (see :func:`check_like`), so a bad file fails here, naming the key.
     """
+    what_is = kind(Path(path))
+    if what_is != "file":
+        # A device or FIFO would be read until it ends, which /dev/zero never does.
+        raise InputError(f"{path}: cannot read {what} (it is {'missing' if what_is == 'missing' else 'a ' + what_is})")
     try:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise InputError(f"{path}: cannot read {what} ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise InputError(f"{path}: cannot read {what} (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise InputError(f"{path}: {what} must be a YAML mapping, not {_shown(doc)}")
     if like is not None:

@@ -4,14 +4,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..containment import LeadsOutside, resolve_within
 from ..errors import InputError
 from ..records import Dump, Entry
 from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
+from .msprobe import ShapeError
 from .sglang_dumper import DumperPart, load_part
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
+# msprobe's tasks (its config.json "task"): only statistics and tensor dump every module's values;
+# the others write a dump.json for another purpose, whose entries are a subset or hold no values.
+_COMPARED_TASKS = ("statistics", "tensor")
+_OTHER_TASKS = {"overflow_check": "only the calls that overflowed", "nan_check": "only the calls that hit NaN/Inf",
+                "structure": "the model structure without values", "acc_check": "an accuracy pre-check",
+                "exception_dump": "only the calls that raised"}
+_LEVELS = ("L0", "L1", "L2", "mix")
 FORMATS = ("auto", "msprobe", "generic", "sglang")
 
 
@@ -29,8 +38,11 @@ def load_path(path: Path, fold: bool = True) -> Dump:
         return _load_generic(path)
     state = StreamState()
     folder = CallFolder(fold)
-    for key, value in iter_entries(path, state):
-        folder.add(key, value)
+    try:
+        for key, value in iter_entries(path, state):
+            folder.add(key, value)
+    except ShapeError as exc:
+        raise InputError(f"{path}: {exc}") from None
     if not state.saw_data:
         raise InputError(_not_a_dump(path, state.header))
     entries, skipped, folded = folder.finish()
@@ -47,8 +59,23 @@ def load_path(path: Path, fold: bool = True) -> Dump:
                 task=_str(hdr.get("task")), level=_str(hdr.get("level")),
                 framework=_str(hdr.get("framework")), dump_data_dir=_str(hdr.get("dump_data_dir")),
                 entries=entries, salvage=state.salvage, notes=notes, skipped_keys=skipped, folded=folded)
+    dump.notes.extend(_header_notes(dump.task, dump.level))
     dump.construct = _read_construct(path.parent / "construct.json", dump)
     return dump
+
+
+def _header_notes(task: str | None, level: str | None) -> list[str]:
+    """What a dump's task and level say about it when they are not those of a module dump."""
+    notes = []
+    if task in _OTHER_TASKS:
+        notes.append(f"task {task!r}: msprobe writes {_OTHER_TASKS[task]} for this task, not every module's "
+                     "values; compared as far as they go")
+    elif task is not None and task not in _COMPARED_TASKS:
+        notes.append(f"task {task!r} is not a msprobe dump task ({', '.join(_COMPARED_TASKS)}); "
+                     "read as a statistics dump")
+    if level is not None and level not in _LEVELS:
+        notes.append(f"level {level!r} is not a msprobe level ({', '.join(_LEVELS)}); entries read by their keys")
+    return notes
 
 
 def _last_of_each_key(entries: list[Entry], notes: list[str]) -> list[Entry]:
@@ -79,9 +106,12 @@ def _load_generic(path: Path) -> Dump:
         raise InputError(f"{path}: unreadable generic dump ({' '.join(str(exc).split()) or 'nested too deeply'})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_ID:
         raise InputError(f"{path}: generic dump must be an object with format {FORMAT_ID!r}")
+    try:
+        entries = entries_from_generic(doc, path)
+    except ShapeError as exc:
+        raise InputError(f"{path}: {exc}") from None
     return Dump(path=path, dump_dir=path.parent, fmt="generic", task=_str(doc.get("task")),
-                level="L0", framework=_str(doc.get("framework")), dump_data_dir=None,
-                entries=entries_from_generic(doc, path))
+                level="L0", framework=_str(doc.get("framework")), dump_data_dir=None, entries=entries)
 
 
 # msprobe writes these beside dump.json; passed by mistake, they hold no tensor statistics.
@@ -103,6 +133,11 @@ def _not_a_dump(path: Path, header: dict) -> str:
 def _read_construct(path: Path, dump: Dump):
     if not path.is_file():
         return None
+    try:
+        resolve_within(path, path.parent.resolve())
+    except LeadsOutside:
+        # Module names from another run would describe this one.
+        raise InputError(f"{path}: link leads outside the dump folder {path.parent.resolve()}; refused") from None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..containment import kind
 from ..errors import InputError
 from . import sglang_dumper
 from .discovery import candidates
 from .jsonstream import StreamState, iter_entries
-from .msprobe import build_entry
+from .msprobe import ShapeError, build_entry
 
 SIDES = ("train", "rollout")
 ALL = "all"
@@ -132,8 +133,11 @@ def survey(arg: str, side: str, fmt: str = "auto") -> tuple[Found, ...]:
     dump.json); both are planned alike.
     """
     p = Path(arg)
-    if not p.exists():
+    what = kind(p)
+    if what == "missing":
         raise InputError(f"{arg}: --{side} path does not exist")
+    if what not in ("file", "folder"):
+        raise InputError(f"{arg}: --{side} is a {what}, not a dump file or folder")
     if p.is_file():
         if fmt == "sglang":
             raise InputError(f"{arg}: --format sglang needs a dumper folder, not a file")
@@ -171,7 +175,7 @@ def token_signature(path: Path) -> Tokens | None:
                     ids = Tokens(lf.numel, lf.max, lf.min, None, lf.checksum)
                 elif lf.numel == ids.numel and lf.max - lf.min + 1 == lf.numel:
                     return Tokens(ids.numel, ids.max, ids.min, int(lf.min), ids.digest)
-    except InputError:
+    except (InputError, ShapeError):     # the full read says what is wrong with the file
         return None
     return ids
 

@@ -51,12 +51,30 @@ def stat_value(v: Any) -> float | None:
     return None
 
 
+# A shape no tensor can have: torch reduces (and so msprobe summarises) tensors of at most 64
+# dimensions, and counts elements in a signed 64-bit integer.
+MAX_DIMS = 64
+MAX_NUMEL = 2 ** 63 - 1
+
+
+class ShapeError(ValueError):
+    """A dumped shape that cannot be a tensor's; the loader names the file, entry and leaf."""
+
+
 def _shape(v: Any) -> tuple[int, ...] | None:
+    """A dumped shape as a tuple (None when absent or not a list); raises ShapeError for a list
+    that no tensor has, so that no absurd count travels on into sizes and messages."""
     if type(v) is not list:
         return None
+    if len(v) > MAX_DIMS:
+        raise ShapeError(f"shape of {len(v)} dimensions (a tensor has at most {MAX_DIMS})")
+    numel = 1
     for d in v:
         if type(d) is not int or d < 0:
-            return None
+            raise ShapeError(f"shape with dimension {str(d)[:40]!r}, not a non-negative integer")
+        numel *= d
+        if numel > MAX_NUMEL or d > MAX_NUMEL:
+            raise ShapeError("shape of 2^63 elements or more")
     return tuple(v)
 
 
@@ -69,7 +87,11 @@ def leaf_from_item(name: str, item: dict) -> Leaf:
     # Called once per tensor of a dump (millions in a large one): one constructor call, no loops.
     get = item.get
     dt, rg, ck, dn = get("dtype"), get("requires_grad"), get("md5"), get("data_name")
-    return Leaf(name, dt if type(dt) is str else None, _shape(get("shape")),
+    try:
+        shape = _shape(get("shape"))
+    except ShapeError as exc:
+        raise ShapeError(f"leaf {name}: {exc}") from None
+    return Leaf(name, dt if type(dt) is str else None, shape,
                 stat_value(get("Max")), stat_value(get("Min")), stat_value(get("Mean")), stat_value(get("Norm")),
                 rg if type(rg) is bool else None, ck if type(ck) is str else None,
                 dn if type(dn) is str else None)
@@ -102,6 +124,13 @@ def build_entry(key: str, value: Any, order: int) -> Entry | None:
     parsed = parse_key(key)
     if parsed is None or not isinstance(value, dict):
         return None
+    try:
+        return _entry(key, value, order, parsed)
+    except ShapeError as exc:
+        raise ShapeError(f"entry {key}, {exc}") from None
+
+
+def _entry(key: str, value: dict, order: int, parsed: tuple) -> Entry:
     kind, path, cls, direction, call = parsed
     entry = Entry(key=key, order=order, kind=kind, raw_path=path, cls=cls,
                   direction=direction, call=call)

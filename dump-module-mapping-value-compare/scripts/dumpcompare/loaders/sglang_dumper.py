@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
 from ..tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor, widen_bf16
 from . import dims as D
+from .discovery import files_below
 
 FORMAT = "sglang"
 SEP = "___"
@@ -89,12 +90,10 @@ def parse_name(path: Path) -> DumperFile | None:
 
 
 def _dumper_files(root: Path):
-    """The dumper files below ``root``, a few levels deep, level by level."""
-    for depth in range(_MAX_DEPTH + 1):
-        for p in sorted(root.glob("/".join(["*"] * depth + ["*.pt"]))):
-            f = parse_name(p)
-            if f is not None and p.is_file():
-                yield f
+    """The dumper files below ``root``, a few levels deep, level by level (a link among them
+    that leads out of ``root`` is refused: discovery.files_below)."""
+    for p in files_below(root, lambda name: parse_name(Path(name)) is not None, _MAX_DEPTH):
+        yield parse_name(p)
 
 
 def looks_like_dumper(path: Path) -> bool:
