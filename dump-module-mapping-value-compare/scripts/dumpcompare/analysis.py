@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import structure
 from .compare import SEVERITY, Result
-from .mapping import MappingPlan, Pair
+from .plan import MappingPlan, Pair
 from .naming import ModuleRecord
 
 DIVERGED = ("mismatch", "nonfinite")

@@ -6,7 +6,7 @@ from collections import Counter
 from .analysis import ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
-from .mapping import MappingPlan
+from .plan import MappingPlan
 from .naming import ModuleRecord
 from .outputs import fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump

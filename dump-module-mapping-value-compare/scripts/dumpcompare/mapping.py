@@ -15,77 +15,11 @@ Everything is dictionary lookups over the entries: linear in their number.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .naming import ModuleRecord, Namer
+from .plan import Aligned, Carrier, MappingPlan, OneSided, Pair, PointPlan
 from .records import FORWARD
-
-if TYPE_CHECKING:  # value_align reads the comparison tolerances, which import this module
-    from .value_align import Aligned
-
-
-@dataclass
-class Carrier:
-    """A leaf on one side that holds (part of) a point."""
-    rec: int                   # index into that side's records
-    leaf: str
-    io: str
-
-
-@dataclass
-class PointPlan:
-    """One planned comparison (output_2 ``comparisons`` row, executed into output_3)."""
-    cid: str
-    point: str
-    kind: str                  # direct | composite
-    axis: str                  # features (activations) | rows (parameters)
-    train: list[Carrier]
-    rollout: list[Carrier]
-    train_layout: str | None = None
-    rollout_layout: str | None = None
-    pair: str | None = None    # set when the comparison reads one pair's own leaves
-    stitched: str | None = None  # side whose calls 0..n are concatenated along the tokens
-    # Leaves whose shapes give the attention head size, for a fused qkv in a per-group layout:
-    # (what, side, carrier), see _head_carriers.
-    heads: list[tuple[str, str, Carrier]] = field(default_factory=list)
-
-
-@dataclass
-class Pair:
-    """A train <-> rollout module correspondence."""
-    pid: str
-    kind: str                  # one_to_one | composite | by_design_difference | cross_role
-    train: list[int]
-    rollout: list[int]
-    layer: int | None
-    block: str
-    role: str | None
-    note: str | None = None
-    points: dict[str, list[str]] = field(default_factory=lambda: {"in": [], "out": [], "param": []})
-    aligned_by: str = "names"  # names | values | order (value_align.py)
-
-
-@dataclass
-class OneSided:
-    """A forward module with no counterpart on the other side."""
-    side: str
-    rec: int
-    expected: bool
-    reason: str
-    activation_like: bool
-    before_pair: str | None = None
-    after_pair: str | None = None
-    pass_through: str | None = None    # "checksum" / "statistics" when it hands its input on (passthrough.py)
-
-
-@dataclass
-class MappingPlan:
-    """Everything output_2 holds."""
-    pairs: list[Pair]
-    one_sided: list[OneSided]
-    comparisons: list[PointPlan]
-    unmatched_points: dict[str, list[str]]
 
 
 def _forward_modules(recs: list[ModuleRecord]) -> list[ModuleRecord]:

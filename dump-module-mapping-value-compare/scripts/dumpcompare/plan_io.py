@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from .errors import InputError
-from .mapping import Carrier, MappingPlan, OneSided, Pair, PointPlan
+from .plan import Carrier, MappingPlan, OneSided, Pair, PointPlan
 from .naming import ModuleRecord
 
 SIDES = ("train", "rollout")

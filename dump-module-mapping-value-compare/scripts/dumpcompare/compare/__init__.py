@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..userconfig import builtin, merge, read_user_yaml
-from ..mapping import Carrier, PointPlan
+from ..plan import Carrier, PointPlan
 from ..records import Dump, Leaf
 from . import params as P
 from . import tensors as T
