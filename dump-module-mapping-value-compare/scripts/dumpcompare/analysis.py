@@ -11,11 +11,10 @@ import math
 from dataclasses import dataclass, field
 
 from . import structure
-from .compare import SEVERITY, Result
-from .plan import MappingPlan, Pair
+from .compare import Result
 from .naming import ModuleRecord
-
-DIVERGED = ("mismatch", "nonfinite")
+from .plan import MappingPlan, Pair
+from .tolerances import CLEAN, DIVERGED, SEVERITY
 
 
 @dataclass
@@ -145,7 +144,7 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
         out_status[pair.pid] = v.output_status
         verdicts.append(v)
         diverged_earlier.update(p.point for p in v.points["out"] if p.status in DIVERGED)
-        if v.input_status in DIVERGED and v.output_status in ("match", "drift"):
+        if v.input_status in DIVERGED and v.output_status in CLEAN:
             # Summary statistics can agree while elements do not (a norm rescales a diverged
             # stream to the same RMS); only tensors show a real realignment.
             masked.update(p.point for p in v.points["out"]
@@ -179,7 +178,7 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, div
     # the diverged input (the residual stream can skip past a module whose output agrees).
     downstream = _observed_downstream(pair, pts["out"], by_cid, train, rollout, unexpected)
     carried = any(v.point in diverged_earlier for v in pts["in"] if v.status in DIVERGED)
-    boundary_clean = prev_out in ("match", "drift") and not carried
+    boundary_clean = prev_out in CLEAN and not carried
     masked_inputs = [v.point for v in pts["in"] if v.point in masked]
     status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean,
                                      masked_inputs)

@@ -13,7 +13,7 @@ from . import checkpoint, reference, refforward, replay, token_ids
 from . import documents as D
 from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
-from .compare import Executor, SideView, load_tolerances
+from .compare import Executor, SideView
 from .errors import InputError
 from .loaders import FORMATS
 from .loaders.assembly import assemble_sides
@@ -23,6 +23,7 @@ from .mapping import build_plan
 from .naming import Namer, load_profiles
 from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
+from .tolerances import load_tolerances
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 SIDES = ("train", "rollout")

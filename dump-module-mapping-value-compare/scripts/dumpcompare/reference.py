@@ -20,11 +20,12 @@ import numpy as np
 
 from . import tensorio
 from .checkpoint import Checkpoint
-from .compare import GROUPED, dtype_key, leaf_stats, pair_tolerances
+from .compare import leaf_stats
 from .compare import params as P
-from .compare.layout import VOCAB_POINTS, interleave_parts
+from .compare.layout import GROUPED, VOCAB_POINTS, interleave_parts
 from .compare.stats import Stats, combine, stat_errors
 from .naming import Namer
+from .tolerances import dtype_key, pair_tolerances
 
 # config.json keys that change the math of standard modules (issue 12; references/reference_checkpoint.md).
 MATH_KEYS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_theta", "rope_scaling",

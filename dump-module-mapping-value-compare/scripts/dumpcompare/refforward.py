@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
 from .compare.stats import Stats, combine, stat_errors
 from .compare.tensors import as_tokens
 from .naming import ModuleRecord, Namer
 from .records import Entry, Leaf
 from .reference import leaf_array, to_dtype
 from .token_ids import TokenIds, recover, side_carriers
+from .tolerances import dtype_key, pair_tolerances
 
 SIDES = ("train", "rollout")
 SCHEMA = "1.0"

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
+from .tolerances import dtype_key, pair_tolerances
 
 # Candidate values tried when fitting what a side used.
 EPS_GRID = (1e-12, 1e-10, 1e-8, 1e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 1e-3, 1e-2, 1e-1)

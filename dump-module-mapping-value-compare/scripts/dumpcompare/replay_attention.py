@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
 from .replay import MAX_LEAF, Fit, rel_error, rope_angles, rotate
+from .tolerances import dtype_key, pair_tolerances
 
 THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
 from .reference import leaf_array, to_dtype
 from .replay import ACT_NAMES, MAX_LEAF, Fit, rel_error, activation
+from .tolerances import dtype_key, pair_tolerances
 
 SCORINGS = ("softmax", "sigmoid")
 # Unit roundoff per dtype: two logits closer than a few of these (relative to their size) are a

@@ -23,12 +23,12 @@ from typing import Callable
 
 import numpy as np
 
-from .compare import is_int_dtype, pair_tolerances
 from .compare.stats import ATTRS, Stats, stat_error_calls
 from .naming import ModuleRecord
 from .passthrough import how as pass_through
 from .plan import Aligned
 from .records import Entry, Leaf
+from .tolerances import is_int_dtype, pair_tolerances
 
 # Value alignment of one run compares at most this many module pairs; a longer run is left to
 # the order rule.
@@ -38,7 +38,7 @@ MAX_CELLS = 200_000
 @dataclass
 class Values:
     """What value alignment reads: each side's entries (indexed like its records) and the
-    statistics tolerance by dtype (compare/tolerances.yaml ``statistics``)."""
+    statistics tolerance by dtype (tolerances.yaml ``statistics``)."""
     entries: dict[str, list[Entry]]
     tolerance: dict
 

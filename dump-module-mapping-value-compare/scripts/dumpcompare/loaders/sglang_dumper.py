@@ -22,6 +22,7 @@ from ..compare.sources import BLOCK_BYTES
 from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
 from ..tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor, widen_bf16
+from ..tolerances import is_int_dtype
 from . import dims as D
 
 FORMAT = "sglang"
@@ -205,7 +206,7 @@ def _statistics(path: Path, dtype: str) -> tuple:
         size = arr.size
         if not size:
             return None, None, None, None
-        if dtype.startswith(("int", "uint", "bool")):
+        if is_int_dtype(dtype):
             return mx, mn, None, None
         return mx, mn, float(total / acc(size)), float(np.sqrt(squares))
 
