@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import tensorio
+from .arrays import leaf_array, to_dtype
 from .checkpoint import Checkpoint
 from .compare import leaf_stats
 from .compare import params as P
@@ -160,17 +161,6 @@ def expert_layouts(arrays: list[np.ndarray], point: str, shape: tuple | None,
     return [c for c in cands if shape is None or c[1].shape == tuple(shape)]
 
 
-def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
-    """``a`` rounded to the side's dtype, as float32 (float64 kept for float64 sides)."""
-    if dtype == "bfloat16":
-        return tensorio.widen_bf16(tensorio.bfloat16_bits(a))
-    if dtype == "float16":
-        return a.astype(np.float16).astype(np.float32)
-    if dtype == "float64":
-        return a.astype(np.float64)
-    return a.astype(np.float32)
-
-
 def _head_dim(config: dict) -> int | None:
     hd = config.get("head_dim")
     if hd:
@@ -251,19 +241,6 @@ def _crc(a: np.ndarray, dtype: str) -> str:
 def _stats(a: np.ndarray, dtype: str) -> Stats:
     w = a.astype(np.float64)
     return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(a.size), dtype)
-
-
-def leaf_array(view, leaf) -> np.ndarray | None:
-    """One dumped leaf as an array (tensor-parallel ranks concatenated as merged), None without files."""
-    if not leaf.data_name:
-        return None
-    files = leaf.shards or ((view.dump.dump_dir, leaf.data_name, view.dump.dump_data_dir),)
-    try:
-        got = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
-    except tensorio.TensorReadError:
-        return None
-    dim = int(leaf.merge.split(":")[1]) if leaf.merge and leaf.merge.startswith("concat") else 0
-    return np.concatenate(got, axis=dim) if len(got) > 1 else got[0]
 
 
 def _side_tensor(view, leaves) -> np.ndarray | None:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import leaf_array, rel_error, to_dtype
 from .compare.stats import Stats, combine, stat_errors
 from .compare.tensors import as_tokens
 from .naming import ModuleRecord, Namer
 from .records import Entry, Leaf
-from .reference import leaf_array, to_dtype
 from .token_ids import TokenIds, recover, side_carriers
 from .tolerances import dtype_key, pair_tolerances
 
@@ -122,11 +122,6 @@ def _ref_stats(a: np.ndarray, dtype: str) -> Stats:
     return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(w.size), dtype)
 
 
-def _rel_l2(a: np.ndarray, ref: np.ndarray) -> float:
-    d, n = float(np.linalg.norm(a - ref)), float(np.linalg.norm(ref))
-    return d / n if n else (0.0 if d == 0 else math.inf)
-
-
 def _side_tensor(view, leaves: list[Leaf], n_parts: int) -> np.ndarray | None:
     """The side's tensor as [tokens, features]: parts side by side, steps one after another."""
     if any(lf.per_call is not None or not lf.data_name for lf in leaves):
@@ -149,10 +144,10 @@ def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
         side = side.reshape(ref.shape) if side.shape != ref.shape else side
         tol = tolerances["tensor"]["rel_l2"].get(dtype, tolerances["tensor"]["rel_l2"]["default"])
         rounded = to_dtype(ref, dtype).astype(np.float64)
-        err, how = _rel_l2(side.astype(np.float64), rounded), "tensor"
+        err, how = rel_error(side.astype(np.float64), rounded), "tensor"
         if err > tol and n_parts > 1:
             # A fused layout orders each token's features its own way: compare the sorted rows.
-            err, how = min(err, _rel_l2(np.sort(side, axis=1), np.sort(rounded, axis=1))), "tensor, rows sorted"
+            err, how = min(err, rel_error(np.sort(side, axis=1), np.sort(rounded, axis=1))), "tensor, rows sorted"
         return {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": how}
     stats = combine([s for lf in leaves for s in _leaf_calls(lf)])
     if stats.numel is not None and stats.numel != ref.size:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .reference import leaf_array, to_dtype
+from .arrays import leaf_array, rel_error, to_dtype
 from .tolerances import dtype_key, pair_tolerances
 
 # Candidate values tried when fitting what a side used.
@@ -49,14 +49,6 @@ def norm(kind: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: flo
     else:
         y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * ((1.0 + w) if kind == "gemma_rms" else w)
     return y + b if b is not None else y
-
-
-def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
-    """Relative L2 error of a replay against the dumped output (absolute when the output is 0)."""
-    if a.shape != ref.shape:
-        raise ValueError(f"replay shape {a.shape} is not the output's {ref.shape}")
-    den = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(a - ref)) / den if den else float(np.linalg.norm(a))
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

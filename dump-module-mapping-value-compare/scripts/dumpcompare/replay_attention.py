@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .reference import leaf_array, to_dtype
-from .replay import MAX_LEAF, Fit, rel_error, rope_angles, rotate
+from .arrays import leaf_array, rel_error, to_dtype
+from .replay import MAX_LEAF, Fit, rope_angles, rotate
 from .tolerances import dtype_key, pair_tolerances
 
 THETAS = (1e4, 1e5, 5e5, 1e6)

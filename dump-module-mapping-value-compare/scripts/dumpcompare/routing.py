@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import leaf_array, to_dtype
-from .replay import ACT_NAMES, MAX_LEAF, Fit, rel_error, activation
+from .arrays import leaf_array, rel_error, to_dtype
+from .replay import ACT_NAMES, MAX_LEAF, Fit, activation
 from .tolerances import dtype_key, pair_tolerances
 
 SCORINGS = ("softmax", "sigmoid")

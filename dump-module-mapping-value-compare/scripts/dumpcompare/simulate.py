@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
+from .arrays import leaf_array
 from .compare.layout import interleave_parts
 from .refforward import RefRun, compare_side, point_arrays, point_layer
-from .reference import leaf_array
 from .replay import ACTS, EPS_GRID
 
 THETAS = (1e4, 1e5, 5e5, 1e6)

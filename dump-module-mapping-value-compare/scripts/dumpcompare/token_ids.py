@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .arrays import leaf_array, to_dtype
 from .compare.logprob import TOKENS_POINT
 from .compare.tensors import as_tokens
 from .errors import InputError
-from .reference import leaf_array, to_dtype
 from .tolerances import dtype_key, is_int_dtype
 
 # Max and Min of an embedding output are copies of checkpoint values: equal up to the float
