@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
     if any(refs.values()):
         say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
-    # Tensor mode: replay the standard modules of each side from its own tensors (replay.py).
+    # Tensor mode: replay the standard modules of each side from its own tensors (replay/).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
     forward = None
     if any(refs.values()) and args.reference_forward is not False:

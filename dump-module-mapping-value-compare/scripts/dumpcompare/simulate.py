@@ -19,9 +19,8 @@ import numpy as np
 from .arrays import leaf_array
 from .compare.layout import interleave_parts
 from .refforward import RefRun, compare_side, point_arrays, point_layer
-from .replay import ACTS, EPS_GRID
+from .replay.kernels import ACTS, EPS_GRID, ROPE_THETAS
 
-THETAS = (1e4, 1e5, 5e5, 1e6)
 # Points of the layer the candidates are judged on; a candidate is a hypothesis about that layer.
 _MAX_CANDIDATES = 40
 
@@ -61,7 +60,7 @@ def _layout_candidates(ckpt_read, config: dict, layer: int) -> list[tuple[str, d
 def _config_candidates(config: dict, eps: float | None, theta: float | None, act: str | None) -> list[tuple[str, dict]]:
     out = [(f"rms_norm_eps = {e:g}", {"rms_norm_eps": e}) for e in EPS_GRID if eps is None or not
            math.isclose(e, eps)]
-    out += [(f"rope_theta = {t:g}", {"rope_theta": t}) for t in THETAS if theta is None or not math.isclose(t, theta)]
+    out += [(f"rope_theta = {t:g}", {"rope_theta": t}) for t in ROPE_THETAS if theta is None or not math.isclose(t, theta)]
     out += [(f"hidden_act = {a}", {"hidden_act": {"gelu_tanh": "gelu_pytorch_tanh"}.get(a, a)}) for a in ACTS
             if a != act]
     hd = config.get("head_dim") or (int(config["hidden_size"]) // int(config["num_attention_heads"])

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import leaf_array, rel_error, to_dtype
-from .replay import ACT_NAMES, MAX_LEAF, Fit, activation
-from .tolerances import dtype_key, pair_tolerances
+from ..arrays import leaf_array, rel_error, to_dtype
+from ..tolerances import dtype_key, pair_tolerances
+from .kernels import ACT_NAMES, MAX_LEAF, Fit, activation
 
 SCORINGS = ("softmax", "sigmoid")
 # Unit roundoff per dtype: two logits closer than a few of these (relative to their size) are a

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import leaf_array, rel_error, to_dtype
-from .replay import MAX_LEAF, Fit, rope_angles, rotate
-from .tolerances import dtype_key, pair_tolerances
+from ..arrays import leaf_array, rel_error, to_dtype
+from ..tolerances import dtype_key, pair_tolerances
+from .kernels import MAX_LEAF, ROPE_THETAS, Fit, rope_angles, rotate
 
-THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
 # Score elements (query tokens x key tokens x heads) one evaluation may hold: the leading query
 # tokens are replayed, which under a causal mask need only the leading keys.
@@ -201,7 +200,7 @@ def fit(p: Problem, config: dict, layer: int | None, tol: float, with_theta: boo
     if with_theta:
         theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
         ref = float(theta) if theta else None
-        grid["rope_theta"] = (ref, sorted(set(THETAS) | ({ref} if ref else set())))
+        grid["rope_theta"] = (ref, sorted(set(ROPE_THETAS) | ({ref} if ref else set())))
     cap = float(config.get("attn_logit_softcapping") or 0.0)
     if cap:
         grid["attn_logit_softcapping"] = (cap, sorted(set(SOFTCAPS) | {cap}))
