@@ -19,6 +19,7 @@ from typing import Callable
 
 from .naming import ModuleRecord, Namer
 from .plan import Aligned, Carrier, MappingPlan, OneSided, Pair, PointPlan
+from .points import at_call, is_parameter_name
 from .records import FORWARD
 
 
@@ -254,7 +255,7 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
     used = {"train": set(), "rollout": set()}
 
     def add(point, kind, tr, ro, stitched=None):
-        axis = "rows" if point.split("+")[0].rsplit(".", 1)[-1] in _PARAM_NAMES or _is_param(point, tr, ro) else "features"
+        axis = "rows" if is_parameter_name(point) or _is_param(point, tr, ro) else "features"
         lay = {s: layout_of[s].get(point) for s in sides}
         plans.append(PointPlan("", point, kind, axis, tr, ro, lay["train"], lay["rollout"], stitched=stitched,
                                heads=_head_carriers(point, lay, carriers)))
@@ -305,8 +306,6 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
     return plans, unmatched
 
 
-_PARAM_NAMES = {"weight", "bias", "layer_norm_weight", "layer_norm_bias"}
-
 # Points whose leaves show the head size: the attention kernel's q and k inputs ([..., heads,
 # head_dim] in Megatron) and the per-head q/k norm weights ([head_dim], Qwen3-style models).
 _HEAD_POINTS = {"q": "q_rot", "k": "k_rot"}
@@ -328,24 +327,20 @@ def _head_carriers(point: str, layout: dict[str, str | None], carriers) -> list[
     return [(what, s, c) for what, s, c in found if c is not None]
 
 
-def _at_call(point: str, n: int) -> str:
-    return "+".join(f"{p}@{n}" for p in point.split("+"))
-
-
 def _stitch_groups(carriers) -> dict[str, tuple[str, list[str]]]:
     """Activation points one side splits over calls 0..n (prefill then decode steps) while the other
     side computes them in one call: point -> (split side, [point, point@1, ...])."""
     groups = {}
     for side, other in (("rollout", "train"), ("train", "rollout")):
         for point, c in carriers[side].items():
-            if "@" in point or c.io == "param" or _at_call(point, 1) not in carriers[side]:
+            if "@" in point or c.io == "param" or at_call(point, 1) not in carriers[side]:
                 continue
-            if _at_call(point, 1) in carriers[other] or any(_at_call(p, 1) in carriers[other]
+            if at_call(point, 1) in carriers[other] or any(at_call(p, 1) in carriers[other]
                                                             for p in point.split("+")):
                 continue
             calls, n = [point], 1
-            while _at_call(point, n) in carriers[side]:
-                calls.append(_at_call(point, n))
+            while at_call(point, n) in carriers[side]:
+                calls.append(at_call(point, n))
                 n += 1
             groups.setdefault(point, (side, calls))
     return groups

@@ -18,7 +18,8 @@ import numpy as np
 
 from .arrays import leaf_array
 from .compare.layout import interleave_parts
-from .refforward import RefRun, compare_side, point_arrays, point_layer
+from .points import layer as point_layer
+from .refpoints import RefRun, compare_side, point_arrays
 from .replay.kernels import ACTS, EPS_GRID, ROPE_THETAS
 
 # Points of the layer the candidates are judged on; a candidate is a hypothesis about that layer.
