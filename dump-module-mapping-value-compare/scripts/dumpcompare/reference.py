@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tensorio
+from . import modelconfig, tensorio
 from .arrays import leaf_array, to_dtype
 from .checkpoint import Checkpoint
 from .compare import leaf_stats
@@ -40,8 +40,8 @@ def math_config(config: dict) -> dict:
     """The math-changing keys of a config; rope values nested in ``rope_parameters`` (transformers 5)
     are lifted to the top-level names older configs use."""
     out = {k: config[k] for k in MATH_KEYS if k in config}
-    nested = config.get("rope_parameters")
-    if isinstance(nested, dict):
+    nested = modelconfig.rope_parameters(config)
+    if nested is not None:
         out.setdefault("rope_theta", nested.get("rope_theta"))
         if nested.get("rope_type") not in (None, "default"):
             out.setdefault("rope_scaling", nested)
@@ -161,21 +161,12 @@ def expert_layouts(arrays: list[np.ndarray], point: str, shape: tuple | None,
     return [c for c in cands if shape is None or c[1].shape == tuple(shape)]
 
 
-def _head_dim(config: dict) -> int | None:
-    hd = config.get("head_dim")
-    if hd:
-        return int(hd)
-    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
-    return int(hidden) // int(heads) if heads and hidden else None
-
-
 def split_fused_qkv(parts: list[np.ndarray], point: str, config: dict) -> list[np.ndarray]:
     """A checkpoint that stores qkv fused (Phi-3) split into [q, k, v] by the config's head counts."""
-    hd, heads = _head_dim(config), config.get("num_attention_heads")
-    kv = config.get("num_key_value_heads") or heads
+    hd, (heads, kv) = modelconfig.head_dim(config), modelconfig.head_counts(config)
     if len(parts) != 1 or len(point.split("+")) != 3 or not hd or not heads:
         return parts
-    q_rows, kv_rows = int(heads) * hd, int(kv) * hd
+    q_rows, kv_rows = heads * hd, kv * hd
     if parts[0].shape[0] != q_rows + 2 * kv_rows:
         return parts
     return np.split(parts[0], [q_rows, q_rows + kv_rows], axis=0)
@@ -195,14 +186,14 @@ def layouts(parts: list[np.ndarray], shape: tuple | None, ranks: list[int], grou
             vocab: bool, qkv: bool = False) -> list[tuple[str, np.ndarray]]:
     """Candidate arrangements of the reference parts in the side's layout, most likely first."""
     cands = [("concatenated", np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0])]
-    head = (_head_dim(config) if qkv else 1) or 1
+    head = (modelconfig.head_dim(config) if qkv else 1) or 1
     for n in ranks if len(parts) > 1 and all(p.shape[0] % head == 0 for p in parts) else ():
         if any(p.shape[0] // head >= n and (p.shape[0] // head) % n for p in parts):
             continue
         a = np.concatenate([_rank_rows(p, r, n, head) for r in range(n) for p in parts])
         if shape is None or a.shape == tuple(shape):
             cands.append((f"per-rank concatenation of {n} shards", a))
-    kv = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 0)
+    kv = modelconfig.head_counts(config)[1] or 0
     if grouped and len(parts) == 3 and kv and all(p.shape[0] % kv == 0 for p in parts):
         cands.append((f"Megatron per-group qkv ({kv} groups)", interleave_parts(parts, kv, 0)))
     if shape is None:

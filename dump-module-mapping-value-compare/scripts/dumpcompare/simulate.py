@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from . import modelconfig
 from .arrays import leaf_array
 from .compare.layout import interleave_parts
 from .points import layer as point_layer
@@ -64,8 +65,7 @@ def _config_candidates(config: dict, eps: float | None, theta: float | None, act
     out += [(f"rope_theta = {t:g}", {"rope_theta": t}) for t in ROPE_THETAS if theta is None or not math.isclose(t, theta)]
     out += [(f"hidden_act = {a}", {"hidden_act": {"gelu_tanh": "gelu_pytorch_tanh"}.get(a, a)}) for a in ACTS
             if a != act]
-    hd = config.get("head_dim") or (int(config["hidden_size"]) // int(config["num_attention_heads"])
-                                    if config.get("hidden_size") and config.get("num_attention_heads") else None)
+    hd = modelconfig.head_dim(config)
     if hd:
         out += [(f"attention scale 1/{d} instead of 1/sqrt({hd})", {"attention_scale": 1.0 / d}) for d in (hd, 1.0)]
     return out
@@ -109,9 +109,8 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
     cands: list[tuple[str, str, dict, dict, str]] = [("weight", lab, w, {}, forward_dtype) for lab, w in own]
     if layer is not None:
         cands += [("layout", lab, w, {}, forward_dtype) for lab, w in _layout_candidates(read, cfg, layer)]
-        nested = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
         cands += [("config", lab, {}, c, forward_dtype) for lab, c in _config_candidates(
-            cfg, cfg.get("rms_norm_eps"), cfg.get("rope_theta", nested.get("rope_theta")), cfg.get("hidden_act"))]
+            cfg, cfg.get("rms_norm_eps"), modelconfig.rope_theta(cfg), cfg.get("hidden_act"))]
     elif dep["point"].startswith("M.logits") and "lm_head.weight" in names and not cfg.get("tie_word_embeddings"):
         emb = read("model.embed_tokens.weight")
         if emb is not None:

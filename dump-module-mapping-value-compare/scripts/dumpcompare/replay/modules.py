@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .. import modelconfig
 from ..arrays import leaf_array, rel_error, to_dtype
 from ..tolerances import dtype_key, pair_tolerances
 from .kernels import (ACT_NAMES, ACTS, EPS_GRID, MAX_ELEMENTS, MAX_LEAF, ROPE_THETAS, Fit, activation, norm, rope,
@@ -56,12 +57,6 @@ def _config_eps(config: dict, kind: str):
         if k in config:
             return k, float(config[k])
     return keys[0], None
-
-
-def _rope_theta(config: dict):
-    nested = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-    theta = config.get("rope_theta", nested.get("rope_theta"))
-    return None if theta is None else float(theta)
 
 
 def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) -> dict | None:
@@ -125,16 +120,14 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         detail = {}
     elif op == "rope":
         pos, q, k, k_out = get("input_args.0"), get("input_args.1"), get("input_args.2"), get("output.1")
-        scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {}).get("rope_type")
-        head = int(config.get("head_dim") or 0) or (int(config["hidden_size"]) // int(config["num_attention_heads"])
-                                                    if config.get("num_attention_heads") else 0)
-        if pos is None or q is None or k is None or k_out is None or not head or scaling not in (None, "default"):
+        head = modelconfig.head_dim(config) or 0
+        if pos is None or q is None or k is None or k_out is None or not head or modelconfig.rope_type(config) != "default":
             return None                       # rope_scaling variants are not replayed
         rotary = int(head * float(config.get("partial_rotary_factor", 1.0)))
         positions = np.asarray(pos).reshape(-1)
         q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
         y = np.concatenate([_rows(out), _rows(k_out)], axis=-1)
-        ref = _rope_theta(config)
+        ref = modelconfig.rope_theta(config)
         fit = Fit("rope_theta", ref, tol)
         for theta in set(ROPE_THETAS) | ({ref} if ref else set()):
             # The pairing style is the engine's choice per model, not a config value: the better one.
