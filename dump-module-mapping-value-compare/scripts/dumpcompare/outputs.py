@@ -10,11 +10,10 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import atomicfile
 from .safetext import csv_cell
 
 SCHEMA_VERSION = "2.0"
@@ -26,8 +25,6 @@ COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "out
 OUR_OUTPUTS = COMPARE_OUTPUTS + ("output_5_root_cause_report.json", "output_5_root_cause_report.md")
 # JSON outputs whose compact form is longer than this stay compact (see write_json).
 INDENT_MAX_CHARS = 2 << 20
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def clean(obj: Any) -> Any:
@@ -53,21 +50,9 @@ def clean(obj: Any) -> Any:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    """Write ``text`` to ``path`` atomically (atomicfile.write_text), creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # Names read from damaged files can hold lone surrogates; write them as escapes.
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes 0600; outputs are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomicfile.write_text(path, text)
 
 
 def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:

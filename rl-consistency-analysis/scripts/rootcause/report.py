@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
-from . import explain, sides, triage
+from . import explain, sibling, sides, triage
 from .evidence import Evidence
 from .triage import Triage
 
 SCHEMA_VERSION = "2.0"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+SKILL_ROOT = Path(__file__).resolve().parents[2]
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
@@ -97,18 +94,8 @@ def write(out_dir: Path, doc: dict) -> Path:
 
 
 def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp makes 0600; the report is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write ``text`` to ``path`` atomically with the sibling's one writer (atomicfile.py)."""
+    return sibling.load_atomicfile(SKILL_ROOT).write_text(path, text)
 
 
 def _name(x) -> str:

@@ -20,6 +20,7 @@ SIBLING = "dump-module-mapping-value-compare"
 ENTRY = Path("scripts") / "run_compare.py"
 SAFETEXT = Path("scripts") / "dumpcompare" / "safetext.py"
 HTML_MODULE = Path("scripts") / "dumpcompare" / "htmlreport.py"
+ATOMIC_FILE = Path("scripts") / "dumpcompare" / "atomicfile.py"
 
 
 class SiblingError(Exception):
@@ -55,6 +56,11 @@ def _load(skill_root: Path, entry: Path, what: str) -> ModuleType:
 def load_safetext(skill_root: Path) -> ModuleType:
     """The sibling's safetext module (escaping of dump names per view)."""
     return _load(skill_root, SAFETEXT, "safe-text")
+
+
+def load_atomicfile(skill_root: Path) -> ModuleType:
+    """The sibling's atomicfile module (the one atomic file writer of both skills)."""
+    return _load(skill_root, ATOMIC_FILE, "atomic-file")
 
 
 def load_html(skill_root: Path) -> ModuleType:
