@@ -10,8 +10,8 @@ runs the compare step) on each pair under ``tests/data/real/`` and ``examples/``
 
 Every file of each out-dir (output_1..5, their CSV/markdown views, report.html) is kept under
 ``<out>/<pair>/<variant>/`` with ``exit.json`` (exit code and stderr).  ``diff`` compares two
-such runs file by file after putting placeholders for the run's own paths (its out root and the
-repo it ran) and dropping timing fields; it exits 1 when anything differs.
+such runs file by file after putting placeholders for the run's own paths (its out root, the
+checkout whose pairs it read and the repo it ran) and dropping timing fields; it exits 1 when anything differs.
 
     python3 tools/diff_outputs.py run --repo /tmp/basemain --out /tmp/outs_old
     python3 tools/diff_outputs.py run --out /tmp/outs_new
@@ -101,7 +101,8 @@ def _without_timing(value):
 
 def _normalised(path: Path, meta: dict):
     text = path.read_text(encoding="utf-8", errors="replace")
-    for key in ("out", "repo"):
+    # Longest first: the out root or the data checkout may sit inside the repo that ran.
+    for key in sorted(("out", "data", "repo"), key=lambda k: -len(meta[k])):
         text = text.replace(meta[key], f"<{key.upper()}>")
     if path.suffix == ".json":
         return _without_timing(json.loads(text))

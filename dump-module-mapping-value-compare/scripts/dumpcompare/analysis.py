@@ -66,6 +66,18 @@ class ModuleVerdict:
     one_sided_between: list[dict] = field(default_factory=list)
 
 
+# What each module_priority_rank means, as _status_rank assigns them (references/priority_rank.md);
+# published in output_4 ``rank_meanings``, which the root-cause skill's glossary reads.
+RANK_MEANINGS = {
+    1: "parameter_mismatch (the parameters differ) or origin (the output differs while the compared inputs and "
+       "the parameters agree): the strongest root-cause candidates",
+    2: "origin with inputs that could not be compared or at a precision change, or propagated where the previous "
+       "aligned module's output agrees (the fault sits between the two): the next candidates",
+    3: "propagated: the inputs already differ (or sit near their tolerance) and carry the difference from upstream",
+    4: "structural or incomparable: the outputs could not be judged",
+    5: "clean: the outputs agree within tolerance",
+}
+
 _AMP_FLOOR = 1e-7
 # Inputs count as clean for an origin only when well inside tolerance, or when the output
 # error stands out from the input error by this factor (see references/priority_rank.md).

@@ -43,9 +43,9 @@ def clean(obj: Any) -> Any:
         return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
-    fields = getattr(obj, "__dataclass_fields__", None)
-    if fields is not None:
-        return {name: clean(getattr(obj, name)) for name in fields}
+    record = _record(obj)
+    if record is not None:
+        return {name: clean(value) for name, value in record.items()}
     return obj
 
 
@@ -68,11 +68,20 @@ def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:
             path.unlink()
 
 
-def _fields(obj: Any) -> dict:
+def _record(obj: Any) -> dict | None:
+    """A dataclass's fields as written (those without ``metadata={"written": False}``); None for
+    anything else."""
     fields = getattr(obj, "__dataclass_fields__", None)
     if fields is None:
+        return None
+    return {name: getattr(obj, name) for name, f in fields.items() if f.metadata.get("written", True)}
+
+
+def _fields(obj: Any) -> dict:
+    record = _record(obj)
+    if record is None:
         raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-    return {name: getattr(obj, name) for name in fields}
+    return record
 
 
 def _encode(body: dict, **opts) -> str:

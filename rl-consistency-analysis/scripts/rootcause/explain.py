@@ -123,8 +123,6 @@ FIELDS = {
     "amplification": "(amp) output error / input error of a module: how much it magnifies what it receives",
     "status": "match (within the strict tolerance), drift (between strict and pair tolerance), mismatch, "
               "nonfinite (NaN/Inf on one side), structural (different layout), incomparable",
-    "module_priority_rank": "1 origin (inputs agree, output differs), 2 parameters differ, 3 propagated, "
-                            "4 drift only, 5 clean",
     "confidence": "how much the dumps support the finding, 0.01-0.99, with its credence word",
     "side": "the side implicated, or undetermined with side_reason",
     "clean_level": "log-prob view: the largest log-prob change logits within their element tolerance can cause",
@@ -157,8 +155,17 @@ def _one(point: str) -> str:
     return f"{scope}: {what}" + (f" (call {call})" if call else "")
 
 
-def glossary(doc: dict) -> dict:
-    """Every point name output_5 mentions, in words, and the fields it uses."""
+def rank_meaning(rank_meanings: dict | None) -> str:
+    """The glossary line for module_priority_rank, from output_4 ``rank_meanings`` (the compare
+    skill owns what the ranks mean)."""
+    if not rank_meanings:
+        return "see output_4 and the compare skill's references/priority_rank.md (this output_4 does not state it)"
+    return "; ".join(f"{k} {v}" for k, v in sorted(rank_meanings.items(), key=lambda kv: int(kv[0])))
+
+
+def glossary(doc: dict, rank_meanings: dict | None = None) -> dict:
+    """Every point name output_5 mentions, in words, and the fields it uses (``rank_meanings``:
+    output_4's)."""
     points: set[str] = set()
 
     def walk(obj, key=None):
@@ -172,4 +179,5 @@ def glossary(doc: dict) -> dict:
                 and _SCOPE.match(obj.split("+")[0].split("@")[0]):
             points.add(obj)
     walk(doc)
-    return {"points": {p: point_meaning(p) for p in sorted(points)}, "fields": FIELDS}
+    return {"points": {p: point_meaning(p) for p in sorted(points)},
+            "fields": {**FIELDS, "module_priority_rank": rank_meaning(rank_meanings)}}

@@ -75,7 +75,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict) -> dict:
         "reaches_output": reach,
         "summary": ev.mapping.get("summary"),
     }
-    doc["glossary"] = explain.glossary(doc)
+    doc["glossary"] = explain.glossary(doc, ev.analysis.get("rank_meanings"))
     return doc
 
 

@@ -61,6 +61,10 @@ class Result:
     param_equality: dict[str, Any] | None = None  # parameters only: compare/params.py
     logprob: dict[str, Any] | None = None  # the logits point in tensor mode: per-token log-prob view
     reference: dict[str, Any] | None = None  # parameters with --model: per side, reference.py
+    # How the sides differ in size when they do: tp_shard | padded_vocab | shape_conflict. Read by
+    # output_4 ``comparability``; not written to output_3 (its result keys are fixed until the
+    # typed skip records publish one list of codes).
+    size_relation: str | None = field(default=None, metadata={"written": False})
 
 
 def _leaf(view: SideView, c: Carrier) -> Leaf | None:
@@ -253,6 +257,7 @@ class Executor:
         tshape, rshape = res.train["shapes"], res.rollout["shapes"]
         kind, detail = (size_relation(plan.point, tshape[0], rshape[0])
                         if plan.kind == "direct" else (None, None))
+        res.size_relation = kind or "shape_conflict"
         if kind == "tp_shard":
             res.status = "structural"
             res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension "
@@ -330,6 +335,7 @@ class Executor:
             except ValueError as exc:
                 kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
                                 if plan.kind == "direct" else (None, None))
+                res.size_relation = kind or ("shape_conflict" if isinstance(exc, T.ShapeConflict) else None)
                 if kind == "padded_vocab":
                     t, r = trim_padding(tarrs[0], rarrs[0], detail)
                     t, r = t.astype(np.float64), r.astype(np.float64)

@@ -26,8 +26,12 @@ def as_tokens(arr: np.ndarray, family: str) -> np.ndarray:
     return a.reshape(a.shape[0], -1)
 
 
+class ShapeConflict(ValueError):
+    """The two tensors hold different numbers of elements: no layout makes them one shape."""
+
+
 def align(t: np.ndarray, r: np.ndarray, t_family: str, r_family: str, axis: str) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """Bring two tensors to one shape; returns (t, r, note) or raises ValueError on conflict."""
+    """Bring two tensors to one shape; returns (t, r, note) or raises ShapeConflict."""
     if axis == "features":
         t2, r2 = as_tokens(t, t_family), as_tokens(r, r_family)
         if t2.shape == r2.shape:
@@ -37,7 +41,7 @@ def align(t: np.ndarray, r: np.ndarray, t_family: str, r_family: str, axis: str)
         return t2, r2, None
     if t2.size == r2.size:
         return t2.reshape(-1), r2.reshape(-1), "flattened: same number of elements, different shapes"
-    raise ValueError(f"shape conflict {tuple(t.shape)} vs {tuple(r.shape)}")
+    raise ShapeConflict(f"shape conflict {tuple(t.shape)} vs {tuple(r.shape)}")
 
 
 def _norm(a: np.ndarray) -> float:
