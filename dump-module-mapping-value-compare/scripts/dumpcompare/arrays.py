@@ -1,8 +1,9 @@
 """Leaf arrays: one dumped leaf read as an array, values rounded to a side's dtype, the relative
-error every replay and reference check uses, and the parsed form of a leaf's merge rule (how
-tensor-parallel ranks were joined, unshard.py)."""
+error every replay, reference check and tensor comparison uses, and the parsed form of a leaf's
+merge rule (how tensor-parallel ranks were joined, unshard.py)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,10 +61,14 @@ def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(np.float32)
 
 
+def relative(diff_norm: float, ref_norm: float) -> float:
+    """||a - ref|| / ||ref|| from the two norms: 0 when both are 0, infinite when only the
+    reference is 0 (any difference from an all-zero tensor is a total one)."""
+    return diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
+
+
 def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
-    """Relative L2 error of ``a`` against ``ref``: ||a - ref|| / ||ref||; against an all-zero
-    ``ref``, the absolute error ||a|| (finite, so candidates and sides still order by it)."""
+    """Relative L2 error of ``a`` against ``ref`` (:func:`relative`); the shapes must agree."""
     if a.shape != ref.shape:
         raise ValueError(f"replay shape {a.shape} is not the output's {ref.shape}")
-    den = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(a - ref)) / den if den else float(np.linalg.norm(a))
+    return relative(float(np.linalg.norm(a - ref)), float(np.linalg.norm(ref)))

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 
+from ..arrays import relative
+
 TOKEN_FIRST = {"vllm", "sglang"}      # [tokens, ...]
 BATCH_SEQ = {"hf"}                    # [batch, seq, ...]
 SEQ_BATCH = {"megatron"}              # [seq, batch, ...]
@@ -100,7 +102,7 @@ class Metrics:
         nt, nr, nd = self.nt, self.nr, self.nd
         return {
             "cosine": self.dot / (nt * nr) if nt > 0 and nr > 0 else (1.0 if nt == nr else 0.0),
-            "rel_l2": nd / nt if nt > 0 else (0.0 if nd == 0 else float("inf")),
+            "rel_l2": relative(nd, nt),
             "max_abs": self.max_abs if self.size else 0.0,
             "max_rel": self.max_rel if self.size else 0.0,
             "frac_within_tol": 1.0 - self.bad / self.size if self.size else 1.0,
