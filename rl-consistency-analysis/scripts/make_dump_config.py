@@ -14,7 +14,6 @@ from pathlib import Path
 
 from rootcause import sibling
 
-SKILL_ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("statistics", "tensor")
 SUMMARY_MODES = ("statistics", "md5")
 LEVELS = ("L0", "mix")
@@ -93,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def write(path: Path, doc: dict) -> None:
     """Write atomically with the compare skill's one writer (atomicfile.py, found next to this skill)."""
-    sibling.load_atomicfile(SKILL_ROOT).write_text(path, json.dumps(doc, indent=2) + "\n")
+    sibling.load_atomicfile(sibling.SKILL_ROOT).write_text(path, json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,19 @@ def rope_parameters(config: dict) -> dict | None:
     return nested if isinstance(nested, dict) else None
 
 
+def lifted_rope(config: dict) -> dict:
+    """The values of ``rope_parameters`` under the top-level names older configs use:
+    ``rope_theta``, and ``rope_scaling`` (the whole dict) when the type is not the default; {}
+    without ``rope_parameters``."""
+    nested = rope_parameters(config)
+    if nested is None:
+        return {}
+    out = {"rope_theta": nested.get("rope_theta")}
+    if nested.get("rope_type") not in (None, "default"):
+        out["rope_scaling"] = nested
+    return out
+
+
 def rope_scaling(config: dict):
     """The ``rope_scaling`` entry of an older config as written (a dict, a name or None)."""
     return text_config(config).get("rope_scaling")

@@ -25,8 +25,9 @@ from .compare import leaf_stats
 from .compare import params as P
 from .compare.layout import GROUPED, VOCAB_POINTS, interleave_parts
 from .compare.stats import Stats, combine, stat_errors
+from .dtypes import dtype_key
 from .naming import Namer
-from .tolerances import dtype_key, pair_tolerances
+from .tolerances import pair_tolerances
 
 # config.json keys that change the math of standard modules (issue 12; references/reference_checkpoint.md).
 MATH_KEYS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_theta", "rope_scaling",
@@ -40,11 +41,8 @@ def math_config(config: dict) -> dict:
     """The math-changing keys of a config; rope values nested in ``rope_parameters`` (transformers 5)
     are lifted to the top-level names older configs use."""
     out = {k: config[k] for k in MATH_KEYS if k in config}
-    nested = modelconfig.rope_parameters(config)
-    if nested is not None:
-        out.setdefault("rope_theta", nested.get("rope_theta"))
-        if nested.get("rope_type") not in (None, "default"):
-            out.setdefault("rope_scaling", nested)
+    for key, value in modelconfig.lifted_rope(config).items():
+        out.setdefault(key, value)
     return out
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .dtypes import dtype_key
 from .naming import Namer
 from .refpoints import RefRun, compare_side, departure, point_arrays, put_point
 from .simulate import hypotheses, own_weights
 from .token_ids import TokenIds, recover, side_carriers
-from .tolerances import dtype_key
 
 SIDES = ("train", "rollout")
 SCHEMA = "1.0"

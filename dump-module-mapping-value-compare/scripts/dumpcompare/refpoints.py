@@ -14,9 +14,10 @@ from . import points
 from .arrays import leaf_array, rel_error, to_dtype
 from .compare.stats import Stats, combine, stat_errors
 from .compare.tensors import as_tokens
+from .dtypes import dtype_key
 from .naming import ModuleRecord, Namer
 from .records import Entry, Leaf
-from .tolerances import dtype_key, pair_tolerances
+from .tolerances import pair_tolerances
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Tolerances and grades: dtype names, integer dtypes, the tolerance table (tolerances.yaml with
+"""Tolerances and grades: the tolerance table (tolerances.yaml with
 a user file merged over it), the pair tolerance of two dtypes, the grade of an error, and the
 status groups every reader of output_3/output_4 shares (references/tolerances.md)."""
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .dtypes import dtype_key
 from .userconfig import builtin, merge, read_user_yaml
 
 _TOL_FILE = Path(__file__).with_name("tolerances.yaml")
@@ -20,20 +21,6 @@ def load_tolerances(user_file: str | None = None) -> dict:
     """Built-in tolerances, with a user YAML merged over them (safe loader only)."""
     tol = builtin(_TOL_FILE)
     return merge(tol, read_user_yaml(user_file, "tolerances", like=tol)) if user_file else tol
-
-
-def dtype_key(dtype: str | None) -> str:
-    """'torch.bfloat16' -> 'bfloat16'; integer and unknown dtypes map to their own names."""
-    if not dtype:
-        return "default"
-    d = dtype.replace("torch.", "").lower()
-    return {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16"}.get(d, d)
-
-
-def is_int_dtype(dtype: str | None) -> bool:
-    """True for integer and boolean dtypes (their statistics compare exactly)."""
-    d = dtype_key(dtype)
-    return d.startswith(("int", "uint", "bool", "long"))
 
 
 def tolerance_for(table: dict, dtype: str | None):

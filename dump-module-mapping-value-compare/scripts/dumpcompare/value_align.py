@@ -24,11 +24,12 @@ from typing import Callable
 import numpy as np
 
 from .compare.stats import ATTRS, Stats, stat_error_calls
+from .dtypes import is_int_dtype
 from .naming import ModuleRecord
 from .passthrough import how as pass_through
 from .plan import Aligned
 from .records import Entry, Leaf
-from .tolerances import is_int_dtype, pair_tolerances
+from .tolerances import pair_tolerances
 
 # Value alignment of one run compares at most this many module pairs; a longer run is left to
 # the order rule.

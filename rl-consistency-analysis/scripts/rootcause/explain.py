@@ -10,16 +10,16 @@ import math
 import re
 from collections import Counter
 
-from .evidence import Evidence
+from . import sibling
+from .evidence import CLEAN, DIVERGED, Evidence
 
-CLEAN = ("match", "drift")
-DIVERGED = ("mismatch", "nonfinite")
 _STEP = re.compile(r"^step[_-]?(\d+)$")
 _RANK = re.compile(r"^(rank|proc)[_-]?\d+$")
 
 
 def sides(ev: Evidence) -> dict:
     """Per side: engine family, resolved dump files, steps, ranks, dump level/task and main dtype."""
+    is_int = sibling.load_dtypes(sibling.SKILL_ROOT).is_int_dtype
     out = {}
     for side in ("train", "rollout"):
         src = (ev.sources or {}).get(side) or {}
@@ -28,7 +28,7 @@ def sides(ev: Evidence) -> dict:
         steps = src.get("steps") or sorted({p for f in files for p in f.replace("\\", "/").split("/")
                                             if _STEP.match(p)})
         dtypes = Counter(d.replace("torch.", "") for r in ev.results.values()
-                         for d in (r[side].get("dtypes") or []) if d and not _is_int(d))
+                         for d in (r[side].get("dtypes") or []) if d and not is_int(d))
         out[side] = {
             "family": src.get("family"), "files": files, "steps": steps,
             "ranks": src.get("ranks") or sorted({p for f in files for p in f.split("/") if _RANK.match(p)}),
@@ -38,10 +38,6 @@ def sides(ev: Evidence) -> dict:
             "dtypes": dict(dtypes), "partial": bool(src.get("partial")),
         }
     return out
-
-
-def _is_int(dtype: str) -> bool:
-    return dtype.replace("torch.", "").startswith(("int", "uint", "bool", "long"))
 
 
 def _worst(ev: Evidence, m: dict, io: str) -> dict | None:

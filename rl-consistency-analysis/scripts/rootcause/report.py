@@ -14,7 +14,6 @@ from .evidence import Evidence
 from .triage import Triage
 
 SCHEMA_VERSION = "2.0"
-SKILL_ROOT = Path(__file__).resolve().parents[2]
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
@@ -95,7 +94,7 @@ def write(out_dir: Path, doc: dict) -> Path:
 
 def write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically with the sibling's one writer (atomicfile.py)."""
-    return sibling.load_atomicfile(SKILL_ROOT).write_text(path, text)
+    return sibling.load_atomicfile(sibling.SKILL_ROOT).write_text(path, text)
 
 
 def _name(x) -> str:

@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import dtype_key, is_int_dtype
 from ..plan import Carrier, PointPlan
 from ..records import Dump, Leaf
-from ..tolerances import dtype_key, grade, is_int_dtype, pair_tolerances, tolerance_for
+from ..tolerances import grade, pair_tolerances, tolerance_for
 from . import params as P
 from . import tensors as T
-from .layout import GROUPED, gather_rank_qkv, interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from . import sources
+from .layout import GROUPED, gather_rank_qkv, interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from .logprob import LOGITS_POINT, TOKENS_POINT, LogProbs, token_ids
 from .sources import Blocks, Leafsrc, block_ranges
 from .stats import ATTRS, Stats, combine, nonfinite_one_side, nonfinite_one_side_calls, stat_error_calls, stat_errors

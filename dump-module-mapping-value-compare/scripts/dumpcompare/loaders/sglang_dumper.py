@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..compare.sources import BLOCK_BYTES
+from ..dtypes import dtype_key, is_int_dtype
 from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
 from ..tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor, widen_bf16
-from ..tolerances import is_int_dtype
 from . import dims as D
 
 FORMAT = "sglang"
@@ -430,7 +430,7 @@ def token_signature(part: DumperPart) -> tuple | None:
         name = _check_name(f, meta)
         split = split_non_intrusive(name[len(_NON_INTRUSIVE):]) if name.startswith(_NON_INTRUSIVE) else None
         is_input = name in ("input_ids", "positions", "position_ids") or (split and split[1].startswith("input"))
-        if not (is_input and isinstance(value, TensorInfo) and value.dtype.startswith(("int", "uint"))):
+        if not (is_input and isinstance(value, TensorInfo) and (is_int_dtype(value.dtype) and dtype_key(value.dtype) != "bool")):
             continue
         mx, mn, _, _ = _statistics(f.path, value.dtype)
         numel = int(np.prod(value.shape))

@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..userconfig import builtin, check_regex, merge, read_user_yaml
+from ..dtypes import is_int_dtype
 from ..records import FORWARD, Dump, Entry
-from ..tolerances import is_int_dtype
+from ..userconfig import builtin, check_regex, merge, read_user_yaml
 
 _BUILTIN = Path(__file__).with_name("profiles.yaml")
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import modelconfig
 from ..arrays import leaf_array, rel_error, to_dtype
-from ..tolerances import dtype_key, pair_tolerances
+from ..dtypes import dtype_key
+from ..tolerances import pair_tolerances
 from .kernels import MAX_LEAF, ROPE_THETAS, Fit, rope_angles, rotate
 
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap

@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import modelconfig
 from ..arrays import leaf_array, rel_error, to_dtype
-from ..tolerances import dtype_key, pair_tolerances
+from ..dtypes import dtype_key
+from ..tolerances import pair_tolerances
 from .kernels import (ACT_NAMES, ACTS, EPS_GRID, MAX_ELEMENTS, MAX_LEAF, ROPE_THETAS, Fit, activation, norm, rope,
                       softcap)
 

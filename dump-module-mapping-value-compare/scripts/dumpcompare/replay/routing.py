@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import leaf_array, rel_error, to_dtype
-from ..tolerances import dtype_key, pair_tolerances
+from ..dtypes import dtype_key
+from ..tolerances import pair_tolerances
 from .kernels import ACT_NAMES, MAX_LEAF, Fit, activation
 
 SCORINGS = ("softmax", "sigmoid")
