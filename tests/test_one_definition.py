@@ -24,6 +24,8 @@ SPELLINGS = [
     ("a file replaced into place", r"\bos\.replace\(", DC + "atomicfile.py"),
     ("a decision by searching the prose of a reason", r"[\"'][^\"']*[\"']\s+(not\s+)?in\s+[\w.\[\]\"']*\breason\b",
      None),
+    ("a merge rule parsed from its string", r"(merge|rule)\.split\(|\.merge\.startswith\(|merge or \"\"\)|merge == \"sum\"",
+     None),    # arrays.merge_rule parses it
     ("the RoPE theta candidates", r"1e4,\s*1e5", DC + "replay/kernels.py"),
     ("a point name's layer", r"head\[1:\]\.isdigit\(\)", DC + "points.py"),
 ]

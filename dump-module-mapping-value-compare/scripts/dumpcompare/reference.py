@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import modelconfig, tensorio
-from .arrays import leaf_array, to_dtype
+from .arrays import leaf_array, merge_rule, to_dtype
 from .checkpoint import Checkpoint
 from .compare import leaf_stats
 from .compare import params as P
@@ -242,9 +242,10 @@ def _side_tensor(view, leaves) -> np.ndarray | None:
 
 def _differing_ranks(ref: np.ndarray, side: np.ndarray, leaf) -> list[int]:
     """Ranks whose shard differs, for a leaf merged from equal shards along its concat dimension."""
-    if not leaf.shards or not (leaf.merge or "").startswith("concat") or len(leaf.shards) < 2:
+    rule = merge_rule(leaf.merge)
+    if not leaf.shards or not rule.is_concat or len(leaf.shards) < 2:
         return []
-    n, dim = len(leaf.shards), int(leaf.merge.split(":")[1])
+    n, dim = len(leaf.shards), rule.dim
     if ref.shape[dim] % n:
         return []
     return [i for i, (a, b) in enumerate(zip(np.split(ref, n, axis=dim), np.split(side, n, axis=dim)))
@@ -268,7 +269,7 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
     else:
         shape = leaves[0].shape if len(leaves) == 1 else None
     # Merged ranks: their count is known from the tensor files, else every count the shape allows.
-    merged = len(leaves) == 1 and (leaves[0].merge or "").startswith("concat")
+    merged = len(leaves) == 1 and merge_rule(leaves[0].merge).is_concat
     ranks = ([len(leaves[0].shards)] if leaves[0].shards else list(range(2, 17))) if merged else []
     base_point = point.split("+")[0]
     cands = expert_layouts(parts, point, shape, ranks) if stacked is not None else layouts(

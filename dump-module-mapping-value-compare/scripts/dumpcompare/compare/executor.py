@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import merge_rule
 from ..dtypes import dtype_key, is_int_dtype
 from ..plan import Carrier, PointPlan
 from ..records import Dump, Leaf
@@ -183,7 +184,7 @@ class Executor:
                           "returns and never feeds back): statistics over different tokens do not compare; "
                           "use tensor mode, or dump the trainer without the last token")
             return res
-        if tensors is None and any(lf.merge == "sum" for lf in tl + rl):
+        if tensors is None and any(merge_rule(lf.merge).is_sum for lf in tl + rl):
             res.reason = ("partial sums across tensor-parallel ranks: their statistics cannot be combined; "
                           "compare a tensor dump, or dump after the all-reduce")
             return res
@@ -503,7 +504,7 @@ def kv_replication(point: str, tl: list[Leaf], rl: list[Leaf]) -> tuple[str, int
     if len(names) != 3 or not [n.split(".")[1] for n in names if n.count(".") >= 1] == ["q", "k", "v"]:
         return None
     for side, parts, fused in (("train", tl, rl), ("rollout", rl, tl)):
-        if len(parts) != 3 or len(fused) != 1 or not (fused[0].merge or "").startswith("concat"):
+        if len(parts) != 3 or len(fused) != 1 or not merge_rule(fused[0].merge).is_concat:
             continue
         nq, nk, nv, nf = (lf.numel for lf in (*parts, fused[0]))
         if None in (nq, nk, nv, nf) or nk + nv == 0 or nf <= nq + nk + nv:
@@ -523,7 +524,7 @@ def fused_kv_replicated(point: str, tl: list[Leaf], rl: list[Leaf]) -> bool:
     if len(tl) != 1 or len(rl) != 1:
         return False
     for one, merged in ((tl[0], rl[0]), (rl[0], tl[0])):
-        ranks = int((merged.merge or "").startswith("concat")) and max(len(merged.shards or ()), 2)
+        ranks = int(merge_rule(merged.merge).is_concat) and max(len(merged.shards or ()), 2)
         if ranks and one.numel and merged.numel and one.numel < merged.numel < ranks * one.numel:
             return True
     return False
@@ -559,7 +560,7 @@ def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):
 def _rank_groups(leaves: list[Leaf]) -> int:
     """Ranks whose shards were concatenated into a fused leaf (each holds its own [part_r ...])."""
     lf = leaves[0] if len(leaves) == 1 else None
-    if lf is None or not lf.merge or not lf.merge.startswith("concat") or not lf.shards:
+    if lf is None or not merge_rule(lf.merge).is_concat or not lf.shards:
         return 1
     return len(lf.shards)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import modelconfig
-from ..arrays import leaf_array, rel_error, to_dtype
+from ..arrays import leaf_array, merge_rule, rel_error, to_dtype
 from ..dtypes import dtype_key
 from ..tolerances import pair_tolerances
 from .kernels import MAX_LEAF, ROPE_THETAS, Fit, rope_angles, rotate
@@ -249,7 +249,7 @@ def _get(view, rec, name):
     if rec is None:
         return None
     leaf = view.leaves[rec.index].get(name)
-    if leaf is None or (leaf.merge or "") == "sum":
+    if leaf is None or merge_rule(leaf.merge).is_sum:
         return None
     if (leaf.numel or 0) > MAX_LEAF:
         raise _TooLarge(f"{rec.path} {name} holds {leaf.numel} elements (over {MAX_LEAF})")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import modelconfig
-from ..arrays import leaf_array, rel_error, to_dtype
+from ..arrays import leaf_array, merge_rule, rel_error, to_dtype
 from ..dtypes import dtype_key
 from ..tolerances import pair_tolerances
 from .kernels import (ACT_NAMES, ACTS, EPS_GRID, MAX_ELEMENTS, MAX_LEAF, ROPE_THETAS, Fit, activation, norm, rope,
@@ -73,7 +73,7 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
     if out is None:
         return None
     dtype = dtype_key(leaves["output.0"].dtype)
-    if any((lf.merge or "") == "sum" for lf in leaves.values()):
+    if any(merge_rule(lf.merge).is_sum for lf in leaves.values()):
         return None                                   # partial sums of row-parallel ranks
     y = _rows(out)
     if op == "norm":
