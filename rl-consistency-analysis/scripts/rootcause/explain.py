@@ -154,9 +154,9 @@ def _one(point: str) -> str:
 def rank_meaning(rank_meanings: dict | None) -> str:
     """The glossary line for module_priority_rank, from output_4 ``rank_meanings`` (the compare
     skill owns what the ranks mean)."""
-    if not rank_meanings:
+    if not isinstance(rank_meanings, dict) or not rank_meanings:
         return "see output_4 and the compare skill's references/priority_rank.md (this output_4 does not state it)"
-    return "; ".join(f"{k} {v}" for k, v in sorted(rank_meanings.items(), key=lambda kv: int(kv[0])))
+    return "; ".join(f"{k} {v}" for k, v in sorted(rank_meanings.items(), key=lambda kv: str(kv[0])))
 
 
 def glossary(doc: dict, rank_meanings: dict | None = None) -> dict:
