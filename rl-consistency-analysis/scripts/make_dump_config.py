@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from rootcause import sibling
 
 TASKS = ("statistics", "tensor")
 SUMMARY_MODES = ("statistics", "md5")
@@ -92,18 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write(path: Path, doc: dict) -> None:
-    """Write through a temporary file in the same folder."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write atomically with the compare skill's one writer (atomicfile.py, found next to this skill)."""
+    sibling.load_atomicfile(sibling.SKILL_ROOT).write_text(path, json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     layer_list(args.layers) if args.layers else None, not args.no_model_ends,
                     args.steps, args.ranks, not args.with_backward)
         write(out, doc)
-    except UsageError as exc:
+    except (UsageError, sibling.SiblingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from dumpcompare.compare import _grade, load_tolerances, pair_tolerances
+from dumpcompare.tolerances import grade as _grade, load_tolerances, pair_tolerances
 from dumpcompare.compare import tensors as T
 from dumpcompare.compare.stats import Stats, combine, nonfinite_one_side, stat_errors
 

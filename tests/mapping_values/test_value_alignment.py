@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 from dumpcompare import value_align
-from dumpcompare.compare import load_tolerances
+from dumpcompare.tolerances import load_tolerances
 from dumpcompare.loaders import load_input
 from dumpcompare.mapping import build_plan
 from dumpcompare.naming import Namer, load_profiles, name_side

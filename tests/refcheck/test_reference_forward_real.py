@@ -271,7 +271,7 @@ def test_the_reference_points_are_held_one_layer_at_a_time():
     point of a simulation), so memory follows one layer's activations, not the model's."""
     from dumpcompare.checkpoint import load
     from dumpcompare.naming import Namer, load_profiles
-    from dumpcompare.refforward import point_arrays
+    from dumpcompare.refpoints import point_arrays
     from dumpcompare import refmodel
 
     ckpt = load(CORPUS / "_models" / "llama")

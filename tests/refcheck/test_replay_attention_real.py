@@ -1,4 +1,4 @@
-"""Attention replays (dumpcompare/replay_attention.py) on real tensor-mode msprobe dumps.
+"""Attention replays (dumpcompare/replay/attention.py) on real tensor-mode msprobe dumps.
 
 The dumped tensors were computed by torch: transformers' eager attention (RoPE and the core
 inline, checked against o_proj's input), the vLLM-structured ``Attention`` module and
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.replay import rotate
-from dumpcompare.replay_attention import SCALE, Problem, attend, fit, layer_window, scale_candidates
+from dumpcompare.replay.kernels import rotate
+from dumpcompare.replay.attention import SCALE, Problem, attend, fit, layer_window, scale_candidates
 from refcheck.realcases import COMPARE, CORPUS, first_root_cause, run, run_pair
 
 REPLAY = Path(__file__).resolve().parents[1] / "data" / "replay"
@@ -188,7 +188,7 @@ def test_scales_the_data_cannot_tell_apart_are_said_to_be_so():
 def test_a_long_prefill_is_replayed_on_its_leading_tokens(monkeypatch):
     """Under the causal mask the first n queries need only the first n keys: a prefill over the score
     budget is replayed on its leading tokens, and still decides."""
-    import dumpcompare.replay_attention as ra
+    import dumpcompare.replay.attention as ra
 
     monkeypatch.setattr(ra, "MAX_SCORES", 16)            # one head: 4 x 4 scores
     rng = np.random.default_rng(1)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumpcompare.replay import activation, norm, rope, softcap
+from dumpcompare.replay.kernels import activation, norm, rope, softcap
 from refcheck.realcases import COMPARE, CORPUS, ROOTCAUSE, report, run
 
 REPLAY = Path(__file__).resolve().parents[1] / "data" / "replay"

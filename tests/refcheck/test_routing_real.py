@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dumpcompare import tensorio
-from dumpcompare.routing import compare, route
+from dumpcompare.replay.routing import compare, route
 from refcheck.realcases import COMPARE, CORPUS, ROOTCAUSE, case, references, report, run
 
 CONFIG = json.loads((CORPUS / "_models" / "qwen3_moe" / "config.json").read_text())

@@ -11,11 +11,10 @@ import math
 from dataclasses import dataclass, field
 
 from . import structure
-from .compare import SEVERITY, Result
-from .mapping import MappingPlan, Pair
+from .compare import Result
 from .naming import ModuleRecord
-
-DIVERGED = ("mismatch", "nonfinite")
+from .plan import MappingPlan, Pair
+from .tolerances import CLEAN, DIVERGED, SEVERITY
 
 
 @dataclass
@@ -66,6 +65,18 @@ class ModuleVerdict:
     containers: list[str] = field(default_factory=list)
     one_sided_between: list[dict] = field(default_factory=list)
 
+
+# What each module_priority_rank means, as _status_rank assigns them (references/priority_rank.md);
+# published in output_4 ``rank_meanings``, which the root-cause skill's glossary reads.
+RANK_MEANINGS = {
+    1: "parameter_mismatch (the parameters differ) or origin (the output differs while the compared inputs and "
+       "the parameters agree): the strongest root-cause candidates",
+    2: "origin with inputs that could not be compared or at a precision change, or propagated where the previous "
+       "aligned module's output agrees (the fault sits between the two): the next candidates",
+    3: "propagated: the inputs already differ (or sit near their tolerance) and carry the difference from upstream",
+    4: "structural or incomparable: the outputs could not be judged",
+    5: "clean: the outputs agree within tolerance",
+}
 
 _AMP_FLOOR = 1e-7
 # Inputs count as clean for an origin only when well inside tolerance, or when the output
@@ -145,7 +156,7 @@ def analyse(plan: MappingPlan, results: list[Result], train: list[ModuleRecord],
         out_status[pair.pid] = v.output_status
         verdicts.append(v)
         diverged_earlier.update(p.point for p in v.points["out"] if p.status in DIVERGED)
-        if v.input_status in DIVERGED and v.output_status in ("match", "drift"):
+        if v.input_status in DIVERGED and v.output_status in CLEAN:
             # Summary statistics can agree while elements do not (a norm rescales a diverged
             # stream to the same RMS); only tensors show a real realignment.
             masked.update(p.point for p in v.points["out"]
@@ -179,7 +190,7 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, div
     # the diverged input (the residual stream can skip past a module whose output agrees).
     downstream = _observed_downstream(pair, pts["out"], by_cid, train, rollout, unexpected)
     carried = any(v.point in diverged_earlier for v in pts["in"] if v.status in DIVERGED)
-    boundary_clean = prev_out in ("match", "drift") and not carried
+    boundary_clean = prev_out in CLEAN and not carried
     masked_inputs = [v.point for v in pts["in"] if v.point in masked]
     status, rank, why = _status_rank(pair, in_s, source, par_s, out_s, boundary, margins, boundary_clean,
                                      masked_inputs)

@@ -23,7 +23,7 @@ from .tensorio import widen_bf16
 _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
            "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "U8": np.dtype("u1"), "I8": np.dtype("i1"),
            "BOOL": np.dtype("?")}
-# Side dtype names (dumpcompare.compare.dtype_key) of each safetensors dtype.
+# Side dtype names (dumpcompare.tolerances.dtype_key) of each safetensors dtype.
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 _MAX_HEADER = 100 << 20
 INDEX = "model.safetensors.index.json"

@@ -13,7 +13,7 @@ from . import checkpoint, reference, refforward, replay, token_ids
 from . import documents as D
 from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
-from .compare import Executor, SideView, load_tolerances
+from .compare import Executor, SideView
 from .errors import InputError
 from .loaders import FORMATS
 from .loaders.assembly import assemble_sides
@@ -23,6 +23,7 @@ from .mapping import build_plan
 from .naming import Namer, load_profiles
 from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
+from .tolerances import load_tolerances
 
 FAMILIES = ("hf", "vllm", "sglang", "megatron")
 SIDES = ("train", "rollout")
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> dict:
     if any(refs.values()):
         say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
-    # Tensor mode: replay the standard modules of each side from its own tensors (replay.py).
+    # Tensor mode: replay the standard modules of each side from its own tensors (replay/).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
     forward = None
     if any(refs.values()) and args.reference_forward is not False:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .analysis import ModuleVerdict
+from .analysis import RANK_MEANINGS, ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
-from .mapping import MappingPlan
+from .plan import MappingPlan
 from .naming import ModuleRecord
 from .outputs import fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
@@ -197,6 +197,7 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
     doc = {"partial": partial, "comparability": comparability, "first_divergence": first,
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
+           "rank_meanings": {str(k): v for k, v in RANK_MEANINGS.items()},
            "modules": verdicts, "one_sided": one_sided}
     return doc, _markdown_4(verdicts, first, partial, comparability)
 
@@ -261,8 +262,8 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
     if layers["train"] and layers["rollout"] and layers["train"] != layers["rollout"]:
         reasons.append(f"the sides have different numbers of layers (train {layers['train']}, "
                        f"rollout {layers['rollout']})")
-    sized = [r for r in results if r.status in ("structural", "incomparable") and r.reason
-             and ("shape" in r.reason or "tp_shard" in r.reason)]
+    sized = [r for r in results if r.status in ("structural", "incomparable")
+             and r.size_relation in ("shape_conflict", "tp_shard")]
     if results and len(sized) > 0.5 * len(results):
         reasons.append(f"{len(sized)} of {len(results)} tensors differ in size (different model sizes, "
                        "sequence lengths, or unmerged tensor-parallel shards)")

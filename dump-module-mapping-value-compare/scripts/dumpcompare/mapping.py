@@ -15,78 +15,13 @@ Everything is dictionary lookups over the entries: linear in their number.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .gcpause import collector_paused
 from .naming import ModuleRecord, Namer
+from .plan import Aligned, Carrier, MappingPlan, OneSided, Pair, PointPlan
+from .points import at_call, is_parameter_name
 from .records import FORWARD
-
-if TYPE_CHECKING:  # value_align reads the comparison tolerances, which import this module
-    from .value_align import Aligned
-
-
-@dataclass
-class Carrier:
-    """A leaf on one side that holds (part of) a point."""
-    rec: int                   # index into that side's records
-    leaf: str
-    io: str
-
-
-@dataclass
-class PointPlan:
-    """One planned comparison (output_2 ``comparisons`` row, executed into output_3)."""
-    cid: str
-    point: str
-    kind: str                  # direct | composite
-    axis: str                  # features (activations) | rows (parameters)
-    train: list[Carrier]
-    rollout: list[Carrier]
-    train_layout: str | None = None
-    rollout_layout: str | None = None
-    pair: str | None = None    # set when the comparison reads one pair's own leaves
-    stitched: str | None = None  # side whose calls 0..n are concatenated along the tokens
-    # Leaves whose shapes give the attention head size, for a fused qkv in a per-group layout:
-    # (what, side, carrier), see _head_carriers.
-    heads: list[tuple[str, str, Carrier]] = field(default_factory=list)
-
-
-@dataclass
-class Pair:
-    """A train <-> rollout module correspondence."""
-    pid: str
-    kind: str                  # one_to_one | composite | by_design_difference | cross_role
-    train: list[int]
-    rollout: list[int]
-    layer: int | None
-    block: str
-    role: str | None
-    note: str | None = None
-    points: dict[str, list[str]] = field(default_factory=lambda: {"in": [], "out": [], "param": []})
-    aligned_by: str = "names"  # names | values | order (value_align.py)
-
-
-@dataclass
-class OneSided:
-    """A forward module with no counterpart on the other side."""
-    side: str
-    rec: int
-    expected: bool
-    reason: str
-    activation_like: bool
-    before_pair: str | None = None
-    after_pair: str | None = None
-    pass_through: str | None = None    # "checksum" / "statistics" when it hands its input on (passthrough.py)
-
-
-@dataclass
-class MappingPlan:
-    """Everything output_2 holds."""
-    pairs: list[Pair]
-    one_sided: list[OneSided]
-    comparisons: list[PointPlan]
-    unmatched_points: dict[str, list[str]]
 
 
 def _forward_modules(recs: list[ModuleRecord]) -> list[ModuleRecord]:
@@ -324,7 +259,7 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
     used = {"train": set(), "rollout": set()}
 
     def add(point, kind, tr, ro, stitched=None):
-        axis = "rows" if point.split("+")[0].rsplit(".", 1)[-1] in _PARAM_NAMES or _is_param(point, tr, ro) else "features"
+        axis = "rows" if is_parameter_name(point) or _is_param(point, tr, ro) else "features"
         lay = {s: layout_of[s].get(point) for s in sides}
         plans.append(PointPlan("", point, kind, axis, tr, ro, lay["train"], lay["rollout"], stitched=stitched,
                                heads=_head_carriers(point, lay, carriers)))
@@ -375,8 +310,6 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
     return plans, unmatched
 
 
-_PARAM_NAMES = {"weight", "bias", "layer_norm_weight", "layer_norm_bias"}
-
 # Points whose leaves show the head size: the attention kernel's q and k inputs ([..., heads,
 # head_dim] in Megatron) and the per-head q/k norm weights ([head_dim], Qwen3-style models).
 _HEAD_POINTS = {"q": "q_rot", "k": "k_rot"}
@@ -398,24 +331,20 @@ def _head_carriers(point: str, layout: dict[str, str | None], carriers) -> list[
     return [(what, s, c) for what, s, c in found if c is not None]
 
 
-def _at_call(point: str, n: int) -> str:
-    return "+".join(f"{p}@{n}" for p in point.split("+"))
-
-
 def _stitch_groups(carriers) -> dict[str, tuple[str, list[str]]]:
     """Activation points one side splits over calls 0..n (prefill then decode steps) while the other
     side computes them in one call: point -> (split side, [point, point@1, ...])."""
     groups = {}
     for side, other in (("rollout", "train"), ("train", "rollout")):
         for point, c in carriers[side].items():
-            if "@" in point or c.io == "param" or _at_call(point, 1) not in carriers[side]:
+            if "@" in point or c.io == "param" or at_call(point, 1) not in carriers[side]:
                 continue
-            if _at_call(point, 1) in carriers[other] or any(_at_call(p, 1) in carriers[other]
+            if at_call(point, 1) in carriers[other] or any(at_call(p, 1) in carriers[other]
                                                             for p in point.split("+")):
                 continue
             calls, n = [point], 1
-            while _at_call(point, n) in carriers[side]:
-                calls.append(_at_call(point, n))
+            while at_call(point, n) in carriers[side]:
+                calls.append(at_call(point, n))
                 n += 1
             groups.setdefault(point, (side, calls))
     return groups

@@ -10,11 +10,10 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import atomicfile
 from .safetext import csv_cell
 
 SCHEMA_VERSION = "2.0"
@@ -26,8 +25,6 @@ COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "out
 OUR_OUTPUTS = COMPARE_OUTPUTS + ("output_5_root_cause_report.json", "output_5_root_cause_report.md")
 # JSON outputs whose compact form is longer than this stay compact (see write_json).
 INDENT_MAX_CHARS = 2 << 20
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def clean(obj: Any) -> Any:
@@ -46,28 +43,16 @@ def clean(obj: Any) -> Any:
         return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
-    fields = getattr(obj, "__dataclass_fields__", None)
-    if fields is not None:
-        return {name: clean(getattr(obj, name)) for name in fields}
+    record = _record(obj)
+    if record is not None:
+        return {name: clean(value) for name, value in record.items()}
     return obj
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    """Write ``text`` to ``path`` atomically (atomicfile.write_text), creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # Names read from damaged files can hold lone surrogates; write them as escapes.
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes 0600; outputs are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomicfile.write_text(path, text)
 
 
 def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:
@@ -83,11 +68,20 @@ def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:
             path.unlink()
 
 
-def _fields(obj: Any) -> dict:
+def _record(obj: Any) -> dict | None:
+    """A dataclass's fields as written (those without ``metadata={"written": False}``); None for
+    anything else."""
     fields = getattr(obj, "__dataclass_fields__", None)
     if fields is None:
+        return None
+    return {name: getattr(obj, name) for name, f in fields.items() if f.metadata.get("written", True)}
+
+
+def _fields(obj: Any) -> dict:
+    record = _record(obj)
+    if record is None:
         raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-    return {name: getattr(obj, name) for name in fields}
+    return record
 
 
 def _encode(body: dict, **opts) -> str:

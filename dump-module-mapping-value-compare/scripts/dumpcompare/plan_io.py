@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .containment import kind
 from .errors import InputError
-from .mapping import Carrier, MappingPlan, OneSided, Pair, PointPlan
+from .plan import Carrier, MappingPlan, OneSided, Pair, PointPlan
 from .naming import ModuleRecord
 
 SIDES = ("train", "rollout")

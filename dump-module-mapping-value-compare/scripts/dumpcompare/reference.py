@@ -18,13 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tensorio
+from . import modelconfig, tensorio
+from .arrays import leaf_array, merge_rule, to_dtype
 from .checkpoint import Checkpoint
-from .compare import GROUPED, dtype_key, leaf_stats, pair_tolerances
+from .compare import leaf_stats
 from .compare import params as P
-from .compare.layout import VOCAB_POINTS, interleave_parts
+from .compare.layout import GROUPED, VOCAB_POINTS, interleave_parts
 from .compare.stats import Stats, combine, stat_errors
+from .dtypes import dtype_key
 from .naming import Namer
+from .tolerances import pair_tolerances
 
 # config.json keys that change the math of standard modules (issue 12; references/reference_checkpoint.md).
 MATH_KEYS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_theta", "rope_scaling",
@@ -38,11 +41,8 @@ def math_config(config: dict) -> dict:
     """The math-changing keys of a config; rope values nested in ``rope_parameters`` (transformers 5)
     are lifted to the top-level names older configs use."""
     out = {k: config[k] for k in MATH_KEYS if k in config}
-    nested = config.get("rope_parameters")
-    if isinstance(nested, dict):
-        out.setdefault("rope_theta", nested.get("rope_theta"))
-        if nested.get("rope_type") not in (None, "default"):
-            out.setdefault("rope_scaling", nested)
+    for key, value in modelconfig.lifted_rope(config).items():
+        out.setdefault(key, value)
     return out
 
 
@@ -159,32 +159,12 @@ def expert_layouts(arrays: list[np.ndarray], point: str, shape: tuple | None,
     return [c for c in cands if shape is None or c[1].shape == tuple(shape)]
 
 
-def to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
-    """``a`` rounded to the side's dtype, as float32 (float64 kept for float64 sides)."""
-    if dtype == "bfloat16":
-        return tensorio.widen_bf16(tensorio.bfloat16_bits(a))
-    if dtype == "float16":
-        return a.astype(np.float16).astype(np.float32)
-    if dtype == "float64":
-        return a.astype(np.float64)
-    return a.astype(np.float32)
-
-
-def _head_dim(config: dict) -> int | None:
-    hd = config.get("head_dim")
-    if hd:
-        return int(hd)
-    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
-    return int(hidden) // int(heads) if heads and hidden else None
-
-
 def split_fused_qkv(parts: list[np.ndarray], point: str, config: dict) -> list[np.ndarray]:
     """A checkpoint that stores qkv fused (Phi-3) split into [q, k, v] by the config's head counts."""
-    hd, heads = _head_dim(config), config.get("num_attention_heads")
-    kv = config.get("num_key_value_heads") or heads
+    hd, (heads, kv) = modelconfig.head_dim(config), modelconfig.head_counts(config)
     if len(parts) != 1 or len(point.split("+")) != 3 or not hd or not heads:
         return parts
-    q_rows, kv_rows = int(heads) * hd, int(kv) * hd
+    q_rows, kv_rows = heads * hd, kv * hd
     if parts[0].shape[0] != q_rows + 2 * kv_rows:
         return parts
     return np.split(parts[0], [q_rows, q_rows + kv_rows], axis=0)
@@ -204,14 +184,14 @@ def layouts(parts: list[np.ndarray], shape: tuple | None, ranks: list[int], grou
             vocab: bool, qkv: bool = False) -> list[tuple[str, np.ndarray]]:
     """Candidate arrangements of the reference parts in the side's layout, most likely first."""
     cands = [("concatenated", np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0])]
-    head = (_head_dim(config) if qkv else 1) or 1
+    head = (modelconfig.head_dim(config) if qkv else 1) or 1
     for n in ranks if len(parts) > 1 and all(p.shape[0] % head == 0 for p in parts) else ():
         if any(p.shape[0] // head >= n and (p.shape[0] // head) % n for p in parts):
             continue
         a = np.concatenate([_rank_rows(p, r, n, head) for r in range(n) for p in parts])
         if shape is None or a.shape == tuple(shape):
             cands.append((f"per-rank concatenation of {n} shards", a))
-    kv = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 0)
+    kv = modelconfig.head_counts(config)[1] or 0
     if grouped and len(parts) == 3 and kv and all(p.shape[0] % kv == 0 for p in parts):
         cands.append((f"Megatron per-group qkv ({kv} groups)", interleave_parts(parts, kv, 0)))
     if shape is None:
@@ -252,19 +232,6 @@ def _stats(a: np.ndarray, dtype: str) -> Stats:
     return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(a.size), dtype)
 
 
-def leaf_array(view, leaf) -> np.ndarray | None:
-    """One dumped leaf as an array (tensor-parallel ranks concatenated as merged), None without files."""
-    if not leaf.data_name:
-        return None
-    files = leaf.shards or ((view.dump.dump_dir, leaf.data_name, view.dump.dump_data_dir),)
-    try:
-        got = [tensorio.load_tensor(tensorio.resolve_data_file(*f)) for f in files]
-    except tensorio.TensorReadError:
-        return None
-    dim = int(leaf.merge.split(":")[1]) if leaf.merge and leaf.merge.startswith("concat") else 0
-    return np.concatenate(got, axis=dim) if len(got) > 1 else got[0]
-
-
 def _side_tensor(view, leaves) -> np.ndarray | None:
     """The side's parameter as one array (parts stacked along rows), or None without files."""
     arrays = [leaf_array(view, lf) for lf in leaves]
@@ -275,9 +242,10 @@ def _side_tensor(view, leaves) -> np.ndarray | None:
 
 def _differing_ranks(ref: np.ndarray, side: np.ndarray, leaf) -> list[int]:
     """Ranks whose shard differs, for a leaf merged from equal shards along its concat dimension."""
-    if not leaf.shards or not (leaf.merge or "").startswith("concat") or len(leaf.shards) < 2:
+    rule = merge_rule(leaf.merge)
+    if not leaf.shards or not rule.is_concat or len(leaf.shards) < 2:
         return []
-    n, dim = len(leaf.shards), int(leaf.merge.split(":")[1])
+    n, dim = len(leaf.shards), rule.dim
     if ref.shape[dim] % n:
         return []
     return [i for i, (a, b) in enumerate(zip(np.split(ref, n, axis=dim), np.split(side, n, axis=dim)))
@@ -301,7 +269,7 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
     else:
         shape = leaves[0].shape if len(leaves) == 1 else None
     # Merged ranks: their count is known from the tensor files, else every count the shape allows.
-    merged = len(leaves) == 1 and (leaves[0].merge or "").startswith("concat")
+    merged = len(leaves) == 1 and merge_rule(leaves[0].merge).is_concat
     ranks = ([len(leaves[0].shards)] if leaves[0].shards else list(range(2, 17))) if merged else []
     base_point = point.split("+")[0]
     cands = expert_layouts(parts, point, shape, ranks) if stacked is not None else layouts(

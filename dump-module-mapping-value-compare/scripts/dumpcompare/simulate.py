@@ -16,12 +16,13 @@ import math
 
 import numpy as np
 
+from . import modelconfig
+from .arrays import leaf_array
 from .compare.layout import interleave_parts
-from .refforward import RefRun, compare_side, point_arrays, point_layer
-from .reference import leaf_array
-from .replay import ACTS, EPS_GRID
+from .points import layer as point_layer
+from .refpoints import RefRun, compare_side, point_arrays
+from .replay.kernels import ACTS, EPS_GRID, ROPE_THETAS
 
-THETAS = (1e4, 1e5, 5e5, 1e6)
 # Points of the layer the candidates are judged on; a candidate is a hypothesis about that layer.
 _MAX_CANDIDATES = 40
 
@@ -61,11 +62,10 @@ def _layout_candidates(ckpt_read, config: dict, layer: int) -> list[tuple[str, d
 def _config_candidates(config: dict, eps: float | None, theta: float | None, act: str | None) -> list[tuple[str, dict]]:
     out = [(f"rms_norm_eps = {e:g}", {"rms_norm_eps": e}) for e in EPS_GRID if eps is None or not
            math.isclose(e, eps)]
-    out += [(f"rope_theta = {t:g}", {"rope_theta": t}) for t in THETAS if theta is None or not math.isclose(t, theta)]
+    out += [(f"rope_theta = {t:g}", {"rope_theta": t}) for t in ROPE_THETAS if theta is None or not math.isclose(t, theta)]
     out += [(f"hidden_act = {a}", {"hidden_act": {"gelu_tanh": "gelu_pytorch_tanh"}.get(a, a)}) for a in ACTS
             if a != act]
-    hd = config.get("head_dim") or (int(config["hidden_size"]) // int(config["num_attention_heads"])
-                                    if config.get("hidden_size") and config.get("num_attention_heads") else None)
+    hd = modelconfig.head_dim(config)
     if hd:
         out += [(f"attention scale 1/{d} instead of 1/sqrt({hd})", {"attention_scale": 1.0 / d}) for d in (hd, 1.0)]
     return out
@@ -109,9 +109,8 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
     cands: list[tuple[str, str, dict, dict, str]] = [("weight", lab, w, {}, forward_dtype) for lab, w in own]
     if layer is not None:
         cands += [("layout", lab, w, {}, forward_dtype) for lab, w in _layout_candidates(read, cfg, layer)]
-        nested = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
         cands += [("config", lab, {}, c, forward_dtype) for lab, c in _config_candidates(
-            cfg, cfg.get("rms_norm_eps"), cfg.get("rope_theta", nested.get("rope_theta")), cfg.get("hidden_act"))]
+            cfg, cfg.get("rms_norm_eps"), modelconfig.rope_theta(cfg), cfg.get("hidden_act"))]
     elif dep["point"].startswith("M.logits") and "lm_head.weight" in names and not cfg.get("tie_word_embeddings"):
         emb = read("model.embed_tokens.weight")
         if emb is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 
-from .mapping import OneSided, Pair
+from .plan import OneSided, Pair
 from .naming import ModuleRecord
 
 # One-sided modules that stand for the whole model or a wrapper around it: they enclose every

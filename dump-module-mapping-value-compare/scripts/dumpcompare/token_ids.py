@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .compare import dtype_key, is_int_dtype
+from .arrays import leaf_array, to_dtype
 from .compare.logprob import TOKENS_POINT
 from .compare.tensors import as_tokens
+from .dtypes import dtype_key, is_int_dtype
 from .errors import InputError
-from .reference import leaf_array, to_dtype
 
 # Max and Min of an embedding output are copies of checkpoint values: equal up to the float
 # printing of the dump (msprobe writes them as Python floats).

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .arrays import merge_rule
 from .errors import InputError
 from .naming import ModuleRecord
 from .records import FORWARD, Dump, Leaf
@@ -154,7 +155,7 @@ class _LeafMerge:
             # Partial sums: the statistics of a sum are not a function of the parts' statistics.
             return replace(first, max=None, min=None, mean=None, norm=None, per_call=None, merge=rule,
                            shards=files, checksum=None), rule
-        dim = int(rule.split(":")[1])
+        dim = merge_rule(rule).dim
         shape = first.shape if not first.shape else None     # unknown, or a 0-d tensor: kept
         if first.shape:
             dim = dim % len(first.shape)
@@ -258,7 +259,7 @@ class RankMerge:
                     continue
                 merged, rule = m.leaf(rec, self.rules, experts.get(_parent(rec.path)))
                 leaves.append(merged)
-                kind = rule.split(":")[0]
+                kind = merge_rule(rule).kind
                 counts[kind] = counts.get(kind, 0) + 1
             entries.append(replace(e, leaves=leaves))
         notes = list(base.notes)

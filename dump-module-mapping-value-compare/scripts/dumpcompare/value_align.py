@@ -23,11 +23,13 @@ from typing import Callable
 
 import numpy as np
 
-from .compare import is_int_dtype, pair_tolerances
 from .compare.stats import ATTRS, Stats, stat_error_calls
+from .dtypes import is_int_dtype
 from .naming import ModuleRecord
 from .passthrough import how as pass_through
+from .plan import Aligned
 from .records import Entry, Leaf
+from .tolerances import pair_tolerances
 
 # Value alignment of one run compares at most this many module pairs; a longer run is left to
 # the order rule.
@@ -37,30 +39,9 @@ MAX_CELLS = 200_000
 @dataclass
 class Values:
     """What value alignment reads: each side's entries (indexed like its records) and the
-    statistics tolerance by dtype (compare/tolerances.yaml ``statistics``)."""
+    statistics tolerance by dtype (tolerances.yaml ``statistics``)."""
     entries: dict[str, list[Entry]]
     tolerance: dict
-
-
-@dataclass
-class Aligned:
-    """A pair found here: records of each side, how it was found, and the leaves both carry."""
-    train: ModuleRecord
-    rollout: ModuleRecord
-    by: str                                  # "values" or "order"
-    leaves: list[tuple[str, str]]            # (leaf name, io) carried by both, same size
-
-    @property
-    def note(self) -> str:
-        """Why the two modules pair (output_2 ``note``)."""
-        if self.by == "values":
-            return "no naming rule explains these modules: paired because their outputs carry the same statistics"
-        return ("no naming rule explains these modules: paired by position between aligned modules "
-                "(same number of modules, same parameter and output sizes, in order)")
-
-    def point(self, leaf: str) -> str:
-        """The point a leaf is compared as: no rule names the tensor, so both paths do."""
-        return f"aligned:{self.train.path}={self.rollout.path}:{leaf}"
 
 
 def align(fwd: dict[str, list[ModuleRecord]], anchors: list[tuple[int, int]],

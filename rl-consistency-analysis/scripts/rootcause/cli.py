@@ -9,7 +9,7 @@ from pathlib import Path
 from . import (credence, evidence, files, input_checks, logprob_cli, logprob_inputs, logprob_noise, logprob_report,
                report, sibling, triage)
 
-SKILL_ROOT = Path(__file__).resolve().parents[2]
+SKILL_ROOT = sibling.SKILL_ROOT
 # The compare options are declared here again, not taken from the compare skill: this skill
 # imports nothing from it and runs it as a subprocess. tests/rootcause/test_rootcause_cli.py
 # checks that these declarations match run_compare.py's and that each one is passed through.

@@ -6,6 +6,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The result statuses of output_3/4 that say the sides agree within tolerance, and those that say
+# they differ (the compare skill's tolerances.CLEAN / DIVERGED; references/output_schemas.md).
+CLEAN = ("match", "drift")
+DIVERGED = ("mismatch", "nonfinite")
 SUPPORTED_MAJORS = ("1", "2")   # 2.0 adds optional fields only (sources steps/files, logprob, per_token)
 
 

@@ -10,16 +10,16 @@ import math
 import re
 from collections import Counter
 
-from .evidence import Evidence
+from . import sibling
+from .evidence import CLEAN, DIVERGED, Evidence
 
-CLEAN = ("match", "drift")
-DIVERGED = ("mismatch", "nonfinite")
 _STEP = re.compile(r"^step[_-]?(\d+)$")
 _RANK = re.compile(r"^(rank|proc)[_-]?\d+$")
 
 
 def sides(ev: Evidence) -> dict:
     """Per side: engine family, resolved dump files, steps, ranks, dump level/task and main dtype."""
+    is_int = sibling.load_dtypes(sibling.SKILL_ROOT).is_int_dtype
     out = {}
     for side in ("train", "rollout"):
         src = (ev.sources or {}).get(side) or {}
@@ -28,7 +28,7 @@ def sides(ev: Evidence) -> dict:
         steps = src.get("steps") or sorted({p for f in files for p in f.replace("\\", "/").split("/")
                                             if _STEP.match(p)})
         dtypes = Counter(d.replace("torch.", "") for r in ev.results.values()
-                         for d in (r[side].get("dtypes") or []) if d and not _is_int(d))
+                         for d in (r[side].get("dtypes") or []) if d and not is_int(d))
         out[side] = {
             "family": src.get("family"), "files": files, "steps": steps,
             "ranks": src.get("ranks") or sorted({p for f in files for p in f.split("/") if _RANK.match(p)}),
@@ -38,10 +38,6 @@ def sides(ev: Evidence) -> dict:
             "dtypes": dict(dtypes), "partial": bool(src.get("partial")),
         }
     return out
-
-
-def _is_int(dtype: str) -> bool:
-    return dtype.replace("torch.", "").startswith(("int", "uint", "bool", "long"))
 
 
 def _worst(ev: Evidence, m: dict, io: str) -> dict | None:
@@ -127,8 +123,6 @@ FIELDS = {
     "amplification": "(amp) output error / input error of a module: how much it magnifies what it receives",
     "status": "match (within the strict tolerance), drift (between strict and pair tolerance), mismatch, "
               "nonfinite (NaN/Inf on one side), structural (different layout), incomparable",
-    "module_priority_rank": "1 origin (inputs agree, output differs), 2 parameters differ, 3 propagated, "
-                            "4 drift only, 5 clean",
     "confidence": "how much the dumps support the finding, 0.01-0.99, with its credence word",
     "side": "the side implicated, or undetermined with side_reason",
     "clean_level": "log-prob view: the largest log-prob change logits within their element tolerance can cause",
@@ -161,8 +155,17 @@ def _one(point: str) -> str:
     return f"{scope}: {what}" + (f" (call {call})" if call else "")
 
 
-def glossary(doc: dict) -> dict:
-    """Every point name output_5 mentions, in words, and the fields it uses."""
+def rank_meaning(rank_meanings: dict | None) -> str:
+    """The glossary line for module_priority_rank, from output_4 ``rank_meanings`` (the compare
+    skill owns what the ranks mean)."""
+    if not isinstance(rank_meanings, dict) or not rank_meanings:
+        return "see output_4 and the compare skill's references/priority_rank.md (this output_4 does not state it)"
+    return "; ".join(f"{k} {v}" for k, v in sorted(rank_meanings.items(), key=lambda kv: str(kv[0])))
+
+
+def glossary(doc: dict, rank_meanings: dict | None = None) -> dict:
+    """Every point name output_5 mentions, in words, and the fields it uses (``rank_meanings``:
+    output_4's)."""
     points: set[str] = set()
 
     def walk(obj, key=None):
@@ -176,4 +179,5 @@ def glossary(doc: dict) -> dict:
                 and _SCOPE.match(obj.split("+")[0].split("@")[0]):
             points.add(obj)
     walk(doc)
-    return {"points": {p: point_meaning(p) for p in sorted(points)}, "fields": FIELDS}
+    return {"points": {p: point_meaning(p) for p in sorted(points)},
+            "fields": {**FIELDS, "module_priority_rank": rank_meaning(rank_meanings)}}

@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+from . import sibling
 
 
 def json_safe(obj):
@@ -22,15 +19,5 @@ def json_safe(obj):
 
 
 def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp makes 0600; the report is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write ``text`` to ``path`` atomically, through the sibling skill's one writer (atomicfile.py)."""
+    return sibling.load_atomicfile(sibling.SKILL_ROOT).write_text(path, text)

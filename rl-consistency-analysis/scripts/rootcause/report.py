@@ -70,7 +70,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = ()) 
         "reaches_output": reach,
         "summary": ev.mapping.get("summary"),
     }
-    doc["glossary"] = explain.glossary(doc)
+    doc["glossary"] = explain.glossary(doc, ev.analysis.get("rank_meanings"))
     doc["answer"] = answer.build(doc, argv, input_notes)
     return doc
 

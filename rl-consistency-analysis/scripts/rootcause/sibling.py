@@ -15,12 +15,16 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+# This skill's folder; the sibling sits next to it.
+SKILL_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_PREFIX = "[run_compare "
 SIBLING = "dump-module-mapping-value-compare"
 ENTRY = Path("scripts") / "run_compare.py"
 SAFETEXT = Path("scripts") / "dumpcompare" / "safetext.py"
 HTML_MODULE = Path("scripts") / "dumpcompare" / "htmlreport.py"
 TENSORIO = Path("scripts") / "dumpcompare" / "tensorio.py"
+ATOMIC_FILE = Path("scripts") / "dumpcompare" / "atomicfile.py"
+DTYPES = Path("scripts") / "dumpcompare" / "dtypes.py"
 
 
 class SiblingError(Exception):
@@ -64,6 +68,16 @@ def load_safetext(skill_root: Path) -> ModuleType:
 def load_tensorio(skill_root: Path) -> ModuleType:
     """The sibling's safe tensor reader (torch.save files read without unpickling code)."""
     return _load(skill_root, TENSORIO, "tensor reader")
+
+
+def load_atomicfile(skill_root: Path) -> ModuleType:
+    """The sibling's atomicfile module (the one atomic file writer of both skills)."""
+    return _load(skill_root, ATOMIC_FILE, "atomic-file")
+
+
+def load_dtypes(skill_root: Path) -> ModuleType:
+    """The sibling's dtypes module (the one spelling of a dtype and the integer-dtype test)."""
+    return _load(skill_root, DTYPES, "dtypes")
 
 
 def load_html(skill_root: Path) -> ModuleType:

@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from . import credence, hypotheses, moe, rules, sides
-from .evidence import Evidence
+from .evidence import CLEAN, DIVERGED, Evidence
 
-DIVERGED = ("mismatch", "nonfinite")
-CLEAN = ("match", "drift")
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
 PRECISION_SPREAD = 0.5       # share of compared tensors with differing dtypes that means "a whole side"
 REALIGN_WINDOW = 3           # aligned modules after a suspect that are checked for realignment

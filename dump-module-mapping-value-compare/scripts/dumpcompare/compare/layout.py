@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 # Points whose size follows the vocabulary, which engines pad (vLLM to 64, Megatron to 128 x TP).
+# Megatron packs a fused qkv per query group ([q_g; k_g; v_g] per group), not as [q; k; v].
+GROUPED = "megatron_grouped_qkv"
 VOCAB_POINTS = {"M.embed.weight", "M.lm_head.weight", "M.logits", "M.logits_last"}
 _MAX_PAD = 1024
 _MAX_SHARDS = 256

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import merge_rule
 from ..tensorio import widen_bf16
 from .tensors import BATCH_SEQ, SEQ_BATCH
 
@@ -40,7 +41,7 @@ class Leafsrc:
 
     @property
     def size(self) -> int:
-        return sum(int(s.size) for s in self.shards) if self.merge and self.merge.startswith("concat") \
+        return sum(int(s.size) for s in self.shards) if merge_rule(self.merge).is_concat \
             else int(self.shards[0].size)
 
     def release(self) -> None:
@@ -54,11 +55,12 @@ class Leafsrc:
     def whole(self) -> np.ndarray:
         """The merged tensor in memory (sums in float64, as the shards' sum may not fit their dtype)."""
         parts = [widen_bf16(p) if self.raw_bf16 else np.asarray(p) for p in self.shards]
-        if len(parts) == 1 or self.merge in (None, "replicated"):
+        rule = merge_rule(self.merge)
+        if len(parts) == 1 or rule.kind in (None, "replicated"):
             return parts[0]
-        if self.merge == "sum":
+        if rule.is_sum:
             return np.sum(np.stack([p.astype(np.float64) for p in parts]), axis=0)
-        return np.concatenate(parts, axis=int(self.merge.split(":")[1]))
+        return np.concatenate(parts, axis=rule.dim)
 
 
 def token_form(a: np.ndarray, family: str) -> np.ndarray:
@@ -114,10 +116,11 @@ class Blocks:
         """How the ranks of a leaf join: None (one copy, or a sum), 'block' (along the block axis),
         'other' (along a token axis that is not the block axis alone), or the axis of a block to
         concatenate the ranks' blocks along."""
-        if len(lf.shards) == 1 or lf.merge in (None, "replicated", "sum"):
+        rule = merge_rule(lf.merge)
+        if len(lf.shards) == 1 or rule.kind in (None, "replicated", "sum"):
             return None
         nd = lf.shards[0].ndim
-        dim = int(lf.merge.split(":")[1]) % max(nd, 1)
+        dim = rule.dim % max(nd, 1)
         if self.tokens:
             token_axes = {0, 1} if self.family in BATCH_SEQ | SEQ_BATCH and nd >= 2 else {0}
             if dim in token_axes:
@@ -151,7 +154,7 @@ class Blocks:
             n = self._len(lf) // len(lf.shards)
             return _cat([self._slice(lf, s, max(lo - i * n, 0), min(hi - i * n, n))
                          for i, s in enumerate(lf.shards) if lo < (i + 1) * n and hi > i * n], self.mode)
-        if lf.merge == "sum" and len(lf.shards) > 1:
+        if merge_rule(lf.merge).is_sum and len(lf.shards) > 1:
             return np.sum(np.stack([self._slice(lf, s, lo, hi) for s in lf.shards]), axis=0)
         if how is None:
             return self._slice(lf, lf.shards[0], lo, hi)

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 
+from ..arrays import relative
+
 TOKEN_FIRST = {"vllm", "sglang"}      # [tokens, ...]
 BATCH_SEQ = {"hf"}                    # [batch, seq, ...]
 SEQ_BATCH = {"megatron"}              # [seq, batch, ...]
@@ -26,8 +28,12 @@ def as_tokens(arr: np.ndarray, family: str) -> np.ndarray:
     return a.reshape(a.shape[0], -1)
 
 
+class ShapeConflict(ValueError):
+    """The two tensors hold different numbers of elements: no layout makes them one shape."""
+
+
 def align(t: np.ndarray, r: np.ndarray, t_family: str, r_family: str, axis: str) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """Bring two tensors to one shape; returns (t, r, note) or raises ValueError on conflict."""
+    """Bring two tensors to one shape; returns (t, r, note) or raises ShapeConflict."""
     if axis == "features":
         t2, r2 = as_tokens(t, t_family), as_tokens(r, r_family)
         if t2.shape == r2.shape:
@@ -37,7 +43,7 @@ def align(t: np.ndarray, r: np.ndarray, t_family: str, r_family: str, axis: str)
         return t2, r2, None
     if t2.size == r2.size:
         return t2.reshape(-1), r2.reshape(-1), "flattened: same number of elements, different shapes"
-    raise ValueError(f"shape conflict {tuple(t.shape)} vs {tuple(r.shape)}")
+    raise ShapeConflict(f"shape conflict {tuple(t.shape)} vs {tuple(r.shape)}")
 
 
 def _norm(a: np.ndarray) -> float:
@@ -96,7 +102,7 @@ class Metrics:
         nt, nr, nd = self.nt, self.nr, self.nd
         return {
             "cosine": self.dot / (nt * nr) if nt > 0 and nr > 0 else (1.0 if nt == nr else 0.0),
-            "rel_l2": nd / nt if nt > 0 else (0.0 if nd == 0 else float("inf")),
+            "rel_l2": relative(nd, nt),
             "max_abs": self.max_abs if self.size else 0.0,
             "max_rel": self.max_rel if self.size else 0.0,
             "frac_within_tol": 1.0 - self.bad / self.size if self.size else 1.0,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..compare.sources import BLOCK_BYTES
+from ..dtypes import dtype_key, is_int_dtype
 from ..errors import InputError
 from ..records import BACKWARD, FORWARD, PARAM_GRAD, Dump, Entry, Leaf
 from ..tensorio import TensorInfo, TensorReadError, load_pt_tree, open_tensor, widen_bf16
@@ -204,7 +205,7 @@ def _statistics(path: Path, dtype: str) -> tuple:
         size = arr.size
         if not size:
             return None, None, None, None
-        if dtype.startswith(("int", "uint", "bool")):
+        if is_int_dtype(dtype):
             return mx, mn, None, None
         return mx, mn, float(total / acc(size)), float(np.sqrt(squares))
 
@@ -428,7 +429,7 @@ def token_signature(part: DumperPart) -> tuple | None:
         name = _check_name(f, meta)
         split = split_non_intrusive(name[len(_NON_INTRUSIVE):]) if name.startswith(_NON_INTRUSIVE) else None
         is_input = name in ("input_ids", "positions", "position_ids") or (split and split[1].startswith("input"))
-        if not (is_input and isinstance(value, TensorInfo) and value.dtype.startswith(("int", "uint"))):
+        if not (is_input and isinstance(value, TensorInfo) and (is_int_dtype(value.dtype) and dtype_key(value.dtype) != "bool")):
             continue
         mx, mn, _, _ = _statistics(f.path, value.dtype)
         numel = int(np.prod(value.shape))

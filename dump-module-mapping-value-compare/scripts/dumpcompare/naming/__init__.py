@@ -9,8 +9,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..userconfig import builtin, check_regex, merge, read_user_yaml
+from ..dtypes import is_int_dtype
 from ..records import FORWARD, Dump, Entry
+from ..userconfig import builtin, check_regex, merge, read_user_yaml
 
 _BUILTIN = Path(__file__).with_name("profiles.yaml")
 
@@ -242,7 +243,7 @@ class Namer:
             return False
         if "int_leaf" in cond:
             leaf = next((lf for lf in entry.leaves if lf.name == cond["int_leaf"]), None)
-            if leaf is None or not _is_int_dtype(leaf.dtype):
+            if leaf is None or not is_int_dtype(leaf.dtype):
                 return False
         return True
 
@@ -285,10 +286,6 @@ def _split_io(tmpl: str, leaf: str) -> tuple[str, str]:
         if tmpl.startswith(pre):
             return pre[:-1], tmpl[len(pre):]
     return _leaf_io(leaf), tmpl
-
-
-def _is_int_dtype(dtype: str | None) -> bool:
-    return bool(dtype) and any(t in dtype for t in ("int", "long", "bool"))
 
 
 def canonical_point(p: str) -> str:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..replay import activation
+from ..replay.kernels import activation
 
 Round = Callable[[np.ndarray], np.ndarray]
 

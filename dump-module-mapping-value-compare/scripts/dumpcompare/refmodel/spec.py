@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import modelconfig
+
 # model_type (or architectures[0]) -> the family whose forward this package implements.
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
             "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3_moe",
@@ -64,14 +66,6 @@ class Spec:
     norm_topk: bool = False
 
 
-def text_config(config: dict) -> dict:
-    """The language model's config (a multimodal Gemma 3 nests it under ``text_config``)."""
-    inner = config.get("text_config")
-    if isinstance(inner, dict) and config.get("model_type") == "gemma3":
-        return {**inner, "tie_word_embeddings": config.get("tie_word_embeddings", inner.get("tie_word_embeddings"))}
-    return config
-
-
 def family(config: dict) -> str | None:
     """The family of ``config`` (a config.json dict) this package can run, or None."""
     if not isinstance(config, dict):
@@ -110,7 +104,7 @@ def _layer_types(fam: str, cfg: dict, n: int) -> list[str]:
 
 
 def _rope_params(fam: str, cfg: dict, over: dict, kind: str) -> dict:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = modelconfig.rope_parameters(cfg) or modelconfig.rope_scaling(cfg) or {}
     if isinstance(params.get(kind), dict):      # per attention type (Gemma 3, transformers 5)
         params = params[kind]
     elif fam == "gemma3" and kind == "sliding_attention":
@@ -119,7 +113,8 @@ def _rope_params(fam: str, cfg: dict, over: dict, kind: str) -> dict:
     out.setdefault("rope_type", params.get("type", "default"))
     # Gemma 3's sliding layers rotate with their own base (rope_local_base_freq before transformers 5).
     key = "rope_local_base_freq" if fam == "gemma3" and kind == "sliding_attention" else "rope_theta"
-    theta = over.get(key, out.get("rope_theta", cfg.get(key, 10000.0)))
+    base = modelconfig.rope_theta(cfg) if key == "rope_theta" else cfg.get(key)
+    theta = over.get(key, out.get("rope_theta", 10000.0 if base is None else base))
     out["rope_theta"] = float(theta)
     return out
 
@@ -154,9 +149,9 @@ def resolve(config: dict, over: dict | None = None) -> Spec:
     if fam is None:
         raise UnsupportedModel(f"model_type {config.get('model_type')!r} is not a supported family")
     over = dict(over or {})
-    cfg = text_config(config)
+    cfg = modelconfig.text_config(config)
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    head_dim = modelconfig.head_dim(cfg)
     n = int(cfg["num_hidden_layers"])
     # Gemma reads hidden_activation; an injected hidden_act replaces the activation in any family.
     keys = ("hidden_activation", "hidden_act") if fam in GEMMA else ("hidden_act", "hidden_activation")

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
-from .reference import leaf_array, to_dtype
-from .replay import ACT_NAMES, MAX_LEAF, Fit, rel_error, activation
+from ..arrays import leaf_array, rel_error, to_dtype
+from ..dtypes import dtype_key
+from ..tolerances import pair_tolerances
+from .kernels import ACT_NAMES, MAX_LEAF, Fit, activation
 
 SCORINGS = ("softmax", "sigmoid")
 # Unit roundoff per dtype: two logits closer than a few of these (relative to their size) are a

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
-from .reference import leaf_array, to_dtype
-from .replay import MAX_LEAF, Fit, rel_error, rope_angles, rotate
+from .. import modelconfig
+from ..arrays import leaf_array, merge_rule, rel_error, to_dtype
+from ..dtypes import dtype_key
+from ..tolerances import pair_tolerances
+from .kernels import MAX_LEAF, ROPE_THETAS, Fit, rope_angles, rotate
 
-THETAS = (1e4, 1e5, 5e5, 1e6)
 SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
 # Score elements (query tokens x key tokens x heads) one evaluation may hold: the leading query
 # tokens are replayed, which under a causal mask need only the leading keys.
@@ -55,13 +56,10 @@ def _sig(x: float) -> float:
 def _geometry(config: dict) -> tuple[int, int, int] | None:
     """(heads, kv heads, head_dim) from the config, None without them (or with unreadable ones)."""
     try:
-        heads = int(config.get("num_attention_heads") or 0)
-        if not heads:
-            return None
-        hd = int(config.get("head_dim") or 0) or int(config.get("hidden_size") or 0) // heads
-        return (heads, int(config.get("num_key_value_heads") or heads), hd) if hd else None
-    except (TypeError, ValueError):
+        (heads, kv), hd = modelconfig.head_counts(config), modelconfig.head_dim(config)
+    except ValueError:
         return None
+    return (heads, kv, hd) if heads and hd else None
 
 
 def scale_candidates(config: dict, head_dim: int) -> tuple[dict, float, str]:
@@ -199,9 +197,8 @@ def fit(p: Problem, config: dict, layer: int | None, tol: float, with_theta: boo
     scales, ref_scale, source = scale_candidates(config, p.head_dim)
     grid = {SCALE: (ref_scale, sorted(set(scales.values())))}
     if with_theta:
-        theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
-        ref = float(theta) if theta else None
-        grid["rope_theta"] = (ref, sorted(set(THETAS) | ({ref} if ref else set())))
+        ref = modelconfig.rope_theta(config) or None
+        grid["rope_theta"] = (ref, sorted(set(ROPE_THETAS) | ({ref} if ref else set())))
     cap = float(config.get("attn_logit_softcapping") or 0.0)
     if cap:
         grid["attn_logit_softcapping"] = (cap, sorted(set(SOFTCAPS) | {cap}))
@@ -252,7 +249,7 @@ def _get(view, rec, name):
     if rec is None:
         return None
     leaf = view.leaves[rec.index].get(name)
-    if leaf is None or (leaf.merge or "") == "sum":
+    if leaf is None or merge_rule(leaf.merge).is_sum:
         return None
     if (leaf.numel or 0) > MAX_LEAF:
         raise _TooLarge(f"{rec.path} {name} holds {leaf.numel} elements (over {MAX_LEAF})")
@@ -310,13 +307,11 @@ def _composite(view, idx, attn, config, geom) -> Problem | Skip:
     dtype = dtype_key(view.leaves[idx[(L, "o", c)].index]["input_args.0"].dtype)
     rotary = int(hd * float(config.get("partial_rotary_factor") or 1.0))
     p = Problem(q, k, v, _seq(target), hd, dtype, rotary=rotary)
-    scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {})
-    scaling = scaling if isinstance(scaling, dict) else {"rope_type": str(scaling)}
     positions = _positions(view, idx, L, c)
     if positions is not None and positions.size and positions[0] > 0:
         return Skip("earlier_kv_missing", f"positions start at {int(positions[0])}: the keys and values of the "
                     "earlier positions (transformers' past_key_values) are not in the dump")
-    if scaling.get("rope_type", scaling.get("type", "default")) in (None, "default") and positions is not None:
+    if modelconfig.rope_type(config) == "default" and positions is not None:
         p.positions = positions[: q.shape[0]]
         return p
     cos, sin = g("attn", "input_kwargs.position_embeddings.0"), g("attn", "input_kwargs.position_embeddings.1")

@@ -12,51 +12,15 @@ import math
 
 import numpy as np
 
-from .compare import dtype_key, pair_tolerances
-from .reference import leaf_array, to_dtype
+from .. import modelconfig
+from ..arrays import leaf_array, merge_rule, rel_error, to_dtype
+from ..dtypes import dtype_key
+from ..tolerances import pair_tolerances
+from .kernels import (ACT_NAMES, ACTS, EPS_GRID, MAX_ELEMENTS, MAX_LEAF, ROPE_THETAS, Fit, activation, norm, rope,
+                      softcap)
 
-# Candidate values tried when fitting what a side used.
-EPS_GRID = (1e-12, 1e-10, 1e-8, 1e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 1e-3, 1e-2, 1e-1)
-# config.json hidden_act names -> the function they select in transformers and vLLM.
-ACT_NAMES = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-             "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
-ACTS = ("silu", "gelu", "gelu_tanh", "relu")
 NORM_ROLES = ("input_norm", "post_norm", "final_norm", "q_norm", "k_norm")
 LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "lm_head")
-# Replays use at most this many elements of a tensor (leading tokens): enough to tell values
-# apart. Modules with a leaf over MAX_LEAF elements are not replayed: a tensor file is read whole.
-MAX_ELEMENTS = 1 << 20
-MAX_LEAF = 1 << 24
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def activation(name: str, x: np.ndarray) -> np.ndarray:
-    """The activation ``name`` (silu, gelu (erf), gelu_tanh, relu) in float64."""
-    if name == "silu":
-        return x / (1.0 + np.exp(-x))
-    if name == "gelu":
-        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
-    if name == "gelu_tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-    return np.maximum(x, 0.0)
-
-
-def norm(kind: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
-    """RMSNorm (``rms``), Gemma RMSNorm (``gemma_rms``: scaled by 1 + w) or LayerNorm, in float64."""
-    if kind == "layer":
-        c = x - x.mean(-1, keepdims=True)
-        y = c / np.sqrt((c * c).mean(-1, keepdims=True) + eps) * w
-    else:
-        y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * ((1.0 + w) if kind == "gemma_rms" else w)
-    return y + b if b is not None else y
-
-
-def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
-    """Relative L2 error of a replay against the dumped output (absolute when the output is 0)."""
-    if a.shape != ref.shape:
-        raise ValueError(f"replay shape {a.shape} is not the output's {ref.shape}")
-    den = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(a - ref)) / den if den else float(np.linalg.norm(a))
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -88,82 +52,12 @@ def _op(rec) -> str | None:
     return None
 
 
-class Fit:
-    """Residual of each candidate value; which ones reproduce the dumped output (shared by the
-    module, routing and attention replays)."""
-
-    def __init__(self, key: str, reference, tol: float):
-        self.key, self.reference, self.tol, self.res = key, reference, tol, {}
-
-    def add(self, value, residual: float) -> None:
-        self.res[value] = residual
-
-    def record(self) -> dict:
-        ok = [v for v, r in self.res.items() if r <= self.tol]
-        at_ref = self.res.get(self.reference) if self.reference is not None else None
-        # Among values that all reproduce the output, the reference's is the one to report.
-        best = self.reference if at_ref is not None and at_ref <= self.tol else min(self.res, key=self.res.get)
-        out = {"key": self.key, "reference_value": self.reference,
-               "residual_at_reference": at_ref,
-               "reproduces_reference": None if at_ref is None else at_ref <= self.tol,
-               "fitted": {"value": best, "residual": self.res[best]}, "tolerance": self.tol,
-               "reproducing_values": ok}
-        if self.reference is not None and at_ref is not None and at_ref <= self.tol and len(ok) > 1:
-            out["indistinguishable"] = (f"{self.key} values {ok} all reproduce the output within {self.tol:g}: "
-                                        "they cannot be told apart at this precision")
-        return out
-
-
 def _config_eps(config: dict, kind: str):
     keys = ("layer_norm_eps", "layernorm_epsilon") if kind == "layer" else ("rms_norm_eps",)
     for k in keys:
         if k in config:
             return k, float(config[k])
     return keys[0], None
-
-
-def rope_angles(positions: np.ndarray, rotary: int, theta: float) -> np.ndarray:
-    """Rotation angles [tokens, rotary / 2] of each position at ``theta`` (float64)."""
-    inv = 1.0 / theta ** (np.arange(0, rotary, 2, dtype=np.float64) / rotary)
-    return np.outer(positions.astype(np.float64), inv)
-
-
-def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
-    """Neox-style RoPE of [T, heads*d] rows with cos/sin [T, r/2]: the first r features of each
-    head rotated as two halves, the rest passed through (partial rotary)."""
-    t = x.reshape(x.shape[0], -1, head_dim)
-    half = cos.shape[-1]
-    c, s_ = cos[:, None, :], sin[:, None, :]
-    a, b, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
-    return np.concatenate([a * c - b * s_, b * c + a * s_, rest], axis=-1).reshape(x.shape)
-
-
-def rope(x: np.ndarray, positions: np.ndarray, head: int, rotary: int, theta: float,
-         interleaved: bool = False) -> np.ndarray:
-    """Rotary embedding of [tokens, heads * head] rows: the first ``rotary`` features of each head
-    rotated as two halves (neox style) or as adjacent pairs (``interleaved``, GPT-J style), the
-    rest passed through (partial rotary)."""
-    ang = rope_angles(positions, rotary, theta)
-    cos, sin = np.cos(ang), np.sin(ang)
-    if not interleaved:
-        return rotate(x, cos, sin, head)
-    t = x.reshape(x.shape[0], -1, head)
-    rot, rest = t[..., :rotary], t[..., rotary:]
-    a, b = rot[..., 0::2], rot[..., 1::2]
-    c, s_ = cos[:, None, :], sin[:, None, :]
-    rot = np.stack([a * c - b * s_, b * c + a * s_], axis=-1).reshape(rot.shape)
-    return np.concatenate([rot, rest], axis=-1).reshape(x.shape)
-
-
-def _rope_theta(config: dict):
-    nested = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-    theta = config.get("rope_theta", nested.get("rope_theta"))
-    return None if theta is None else float(theta)
-
-
-def softcap(logits: np.ndarray, cap: float | None) -> np.ndarray:
-    """Logit softcapping (Gemma 2): cap * tanh(logits / cap); no cap: unchanged."""
-    return logits if not cap else cap * np.tanh(logits / cap)
 
 
 def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) -> dict | None:
@@ -179,7 +73,7 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
     if out is None:
         return None
     dtype = dtype_key(leaves["output.0"].dtype)
-    if any((lf.merge or "") == "sum" for lf in leaves.values()):
+    if any(merge_rule(lf.merge).is_sum for lf in leaves.values()):
         return None                                   # partial sums of row-parallel ranks
     y = _rows(out)
     if op == "norm":
@@ -227,18 +121,16 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
         detail = {}
     elif op == "rope":
         pos, q, k, k_out = get("input_args.0"), get("input_args.1"), get("input_args.2"), get("output.1")
-        scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {}).get("rope_type")
-        head = int(config.get("head_dim") or 0) or (int(config["hidden_size"]) // int(config["num_attention_heads"])
-                                                    if config.get("num_attention_heads") else 0)
-        if pos is None or q is None or k is None or k_out is None or not head or scaling not in (None, "default"):
+        head = modelconfig.head_dim(config) or 0
+        if pos is None or q is None or k is None or k_out is None or not head or modelconfig.rope_type(config) != "default":
             return None                       # rope_scaling variants are not replayed
         rotary = int(head * float(config.get("partial_rotary_factor", 1.0)))
         positions = np.asarray(pos).reshape(-1)
         q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
         y = np.concatenate([_rows(out), _rows(k_out)], axis=-1)
-        ref = _rope_theta(config)
+        ref = modelconfig.rope_theta(config)
         fit = Fit("rope_theta", ref, tol)
-        for theta in {1e4, 1e5, 5e5, 1e6} | ({ref} if ref else set()):
+        for theta in set(ROPE_THETAS) | ({ref} if ref else set()):
             # The pairing style is the engine's choice per model, not a config value: the better one.
             fit.add(theta, min(rel_error(to_dtype(_rows(np.concatenate(
                 [rope(q, positions, head, rotary, theta, il), rope(k, positions, head, rotary, theta, il)], -1)),
@@ -272,8 +164,7 @@ def replay_module(rec, leaves: dict, view, config: dict, tol: float, head=None) 
 
 
 def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
-    """Replays of every standard module on both sides (forward calls with tensor files), then the
-    routing of every mixture-of-experts layer (routing.py)."""
+    """Replays of every standard module on both sides (forward calls with tensor files)."""
     out = []
     for side in ("train", "rollout"):
         ref = refs.get(side)
@@ -297,6 +188,4 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                 r = None
             if r is not None:
                 out.append({"side": side, **r})
-    # imported here: both build on this module's Fit and rel_error, so a top-level import would be circular
-    from . import replay_attention, routing
-    return out + routing.run(recs, views, refs, tolerances) + replay_attention.run(recs, views, refs, tolerances)
+    return out

@@ -1,0 +1,20 @@
+"""Dtype names: the one spelling of a dumped dtype and the one test for an integer dtype.
+
+Standard library only and no package imports: the root-cause skill loads this file by path
+from its sibling folder (rootcause/sibling.py), as it does safetext.py.
+"""
+from __future__ import annotations
+
+
+def dtype_key(dtype: str | None) -> str:
+    """'torch.bfloat16' -> 'bfloat16'; integer and unknown dtypes map to their own names."""
+    if not dtype:
+        return "default"
+    d = dtype.replace("torch.", "").lower()
+    return {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16"}.get(d, d)
+
+
+def is_int_dtype(dtype: str | None) -> bool:
+    """True for integer and boolean dtypes (their statistics compare exactly)."""
+    d = dtype_key(dtype)
+    return d.startswith(("int", "uint", "bool", "long"))

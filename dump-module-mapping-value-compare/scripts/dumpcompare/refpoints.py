@@ -1,0 +1,191 @@
+"""Reference points: the numpy forward's module outputs named as the mapping plan's points, and
+one side judged against them at each planned activation point (``matches_reference``), with the
+first point where the side departs. refforward.py runs the forward and simulate.py the fault
+hypotheses on top of these. Why the judgement holds: references/reference_forward_evidence.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import points
+from .arrays import leaf_array, rel_error, to_dtype
+from .compare.stats import Stats, combine, stat_errors
+from .compare.tensors import as_tokens
+from .dtypes import dtype_key
+from .naming import ModuleRecord, Namer
+from .records import Entry, Leaf
+from .tolerances import pair_tolerances
+
+
+@dataclass
+class RefRun:
+    """One reference forward: point -> [tokens, features] float32, in the order points appeared."""
+    arrays: dict[str, np.ndarray]
+    order: dict[str, int]
+
+
+# Points the derived ones are computed from (_derive): kept whatever the plan compares.
+_DERIVE_FROM = ("resid_in", "resid_out", "attn_out", "attn_out_normed", "act_gate", "up")
+# The residual stream between layers: what a forward resumed at a layer starts from.
+_STREAM = ("resid_in", "resid_out")
+
+
+def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | None = None,
+                 on_layer=None) -> RefRun:
+    """Name the reference's HF module outputs as the mapping plan's points (``base``: points
+    already known, such as the stream a resumed forward starts from; ``keep``: the points to hold,
+    all when None). Outputs are named one layer at a time (a layer's later modules decide the
+    names of its earlier ones, Gemma's post-attention norm), so memory holds one layer's outputs
+    plus the kept points. ``on_layer(arrays)`` is called once each layer's points are named; the
+    layer's points but the residual stream are dropped after it, so a caller judging them there
+    holds one layer's activations, not the model's."""
+    arrays, order = dict(base or {}), {k: i for i, k in enumerate(base or {})}
+    wanted = None if keep is None else {p for k in keep for p in k.split("+")} | set(keep)
+
+    def flush(group: list) -> None:
+        layer_roles = {(lay, rule["role"]): path for path, _a, lay, _l, rule in group if rule is not None}
+        for path, arr, layer, local, rule in group:
+            if rule is None:
+                continue
+            rec = ModuleRecord("reference", 0, path, "module", "forward", path, path, rule["role"], 0, layer, local,
+                               rule["role"], rule.get("block", ""), "hf", list(rule.get("parts") or []))
+            entry = Entry(path, 0, "module", path, rule["role"], "forward", 0, [Leaf("output.0")], 1)
+            for port in namer.ports_for(rec, entry, None, layer_roles):
+                if port.leaf == "output.0" and (wanted is None or port.point in wanted
+                                                or port.point.split(".")[-1] in _DERIVE_FROM):
+                    put_point(arrays, order, port.point, arr)
+        layer = next((lay for _p, _a, lay, _l, _r in group), None)
+        if layer is None:
+            return
+        _derive(arrays, order, layer)
+        if on_layer is not None:
+            on_layer(arrays)
+            for k in [k for k in arrays if points.layer(k) == layer and k.split(".")[-1] not in _STREAM]:
+                del arrays[k]
+
+    group, current = [], object()
+    for o in outputs:
+        path = namer.strip_wrappers(o.module)
+        layer, local, rule = namer.classify(path)
+        if layer != current:
+            flush(group)
+            group, current = [], layer
+        group.append((path, np.asarray(o.array, dtype=np.float32), layer, local, rule))
+    flush(group)
+    return RefRun(arrays, order)
+
+
+def put_point(arrays: dict, order: dict, point: str, arr: np.ndarray) -> None:
+    """Hold ``arr`` as ``point`` as [tokens, features] (the first array named so is kept)."""
+    if point not in arrays:
+        arrays[point] = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
+        order[point] = len(order)
+
+
+def _derive(arrays: dict, order: dict, n: int) -> None:
+    """Layer ``n``'s points that are plain sums or products of others (HF computes them inline,
+    no module)."""
+    L = f"L{n}"
+    stream = arrays.get("L0.resid_in" if n == 0 else f"L{n - 1}.resid_out")
+    attn = arrays.get(f"{L}.attn_out_normed", arrays.get(f"{L}.attn_out"))
+    if stream is not None and attn is not None and stream.shape == attn.shape:
+        put_point(arrays, order, f"{L}.resid_mid", stream + attn)
+    gate, up = arrays.get(f"{L}.act_gate"), arrays.get(f"{L}.up")
+    if gate is not None and up is not None and gate.shape == up.shape:
+        put_point(arrays, order, f"{L}.act_out", gate * up)
+
+
+def _leaf_calls(leaf: Leaf) -> list[Stats]:
+    rows = leaf.per_call if leaf.per_call is not None and len(leaf.per_call) > 1 else None
+    if rows is None:
+        return [Stats(leaf.max, leaf.min, leaf.mean, leaf.norm, leaf.numel, leaf.dtype)]
+    return [Stats(*[None if math.isnan(v) else float(v) for v in row], leaf.numel, leaf.dtype) for row in rows]
+
+
+def _ref_stats(a: np.ndarray, dtype: str) -> Stats:
+    w = to_dtype(a, dtype).astype(np.float64)
+    return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(w.size), dtype)
+
+
+def _side_tensor(view, leaves: list[Leaf], n_parts: int) -> np.ndarray | None:
+    """The side's tensor as [tokens, features]: parts side by side, steps one after another."""
+    if any(lf.per_call is not None or not lf.data_name for lf in leaves):
+        return None
+    arrays = [leaf_array(view, lf) for lf in leaves]
+    if any(a is None for a in arrays):
+        return None
+    rows = [as_tokens(a, view.family) for a in arrays]
+    if n_parts > 1 and len(rows) == n_parts:
+        return np.concatenate(rows, axis=1) if len({r.shape[0] for r in rows}) == 1 else None
+    return np.concatenate(rows, axis=0) if len({r.shape[1] for r in rows}) == 1 else None
+
+
+def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolerances: dict,
+                use_tensors: bool) -> dict:
+    """``matches_reference`` of one side at one point, with the error and how it was measured."""
+    dtype = dtype_key(leaves[0].dtype)
+    side = _side_tensor(view, leaves, n_parts) if use_tensors else None
+    if side is not None and side.size == ref.size:
+        side = side.reshape(ref.shape) if side.shape != ref.shape else side
+        tol = tolerances["tensor"]["rel_l2"].get(dtype, tolerances["tensor"]["rel_l2"]["default"])
+        rounded = to_dtype(ref, dtype).astype(np.float64)
+        err, how = rel_error(side.astype(np.float64), rounded), "tensor"
+        if err > tol and n_parts > 1:
+            # A fused layout orders each token's features its own way: compare the sorted rows.
+            err, how = min(err, rel_error(np.sort(side, axis=1), np.sort(rounded, axis=1))), "tensor, rows sorted"
+        return {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": how}
+    stats = combine([s for lf in leaves for s in _leaf_calls(lf)])
+    if stats.numel is not None and stats.numel != ref.size:
+        return {"matches_reference": "unknown", "error": None, "tolerance": None, "how": "statistics",
+                "detail": f"the side holds {stats.numel} values, the reference {ref.size} (tokens or slice differ)"}
+    tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
+    err = stat_errors(stats, _ref_stats(ref, dtype)).get("scaled_error")
+    if err is None:
+        return {"matches_reference": "unknown", "error": None, "tolerance": tol, "how": "statistics",
+                "detail": "no statistics to compare"}
+    return {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": "statistics"}
+
+
+def point_reference(run: RefRun, point: str) -> np.ndarray | None:
+    """The reference tensor of a (possibly fused) point: its parts side by side."""
+    if point in run.arrays:            # a fused output the reference yields whole (Phi-3's qkv_proj)
+        return run.arrays[point]
+    parts = [run.arrays.get(p) for p in point.split("+")]
+    if any(p is None for p in parts) or len({p.shape[0] for p in parts}) != 1:
+        return None
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tensors: bool,
+                 call_ends: list[int] | None = None) -> dict:
+    """cid -> judgement of every activation point of ``side`` the reference computes.
+
+    ``call_ends``: the token count after each of the side's calls. A point holding one row per call
+    (the logits an engine keeps for the last token of each forward) is compared with those rows."""
+    out = {}
+    for p in plans:
+        if p.axis != "features":
+            continue
+        ref = point_reference(run, p.point)
+        leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(p, side)]
+        if ref is None or not leaves or None in leaves or all(lf.numel is None for lf in leaves):
+            continue
+        held = sum((lf.numel or 0) * (len(lf.per_call) if lf.per_call is not None else 1) for lf in leaves)
+        if call_ends and held != ref.size and held == len(call_ends) * ref.shape[1] and call_ends[-1] == len(ref):
+            ref = ref[[e - 1 for e in call_ends]]
+        out[p.cid] = judge_point(ref, view, leaves, len(p.point.split("+")), tolerances, use_tensors)
+    return out
+
+
+def departure(plans, judged: dict, run: RefRun) -> dict | None:
+    """The first point (in the forward's order) where a side's values leave the reference."""
+    bad = [p for p in plans if judged.get(p.cid, {}).get("matches_reference") is False]
+    if not bad:
+        return None
+    first = min(bad, key=lambda p: (max(run.order.get(x, 1 << 30) for x in p.point.split("+")), p.cid))
+    j = judged[first.cid]
+    return {"cid": first.cid, "point": first.point, "layer": points.layer(first.point), "error": j["error"],
+            "tolerance": j["tolerance"], "how": j["how"]}
