@@ -292,3 +292,31 @@ def test_the_reference_points_are_held_one_layer_at_a_time():
     assert len(full.order) == len(run_.order) and set(full.arrays) > set(run_.arrays)
     for k, a in run_.arrays.items():
         np.testing.assert_array_equal(a, full.arrays[k])
+
+
+@pytest.mark.parametrize("form", ["tokens_json", "logprob_jsonl"])
+def test_token_ids_as_users_hold_them_give_the_same_forward(form, tmp_path, llama_ids):
+    """The ids of a tokens.json ({prompt_ids, response_ids}, as dump_vllm.py writes it) or of a
+    one-sequence log-prob JSONL are the whole sequence, prompt then response."""
+    ids = json.loads(llama_ids)
+    prompt, response = ids[:5], ids[5:]
+    path = tmp_path / "ids.json"
+    if form == "tokens_json":
+        path.write_text(json.dumps({"prompt_ids": prompt, "response_ids": response}), encoding="utf-8")
+    else:
+        path.write_text(json.dumps({"id": "s0", "prompt_ids": prompt, "token_ids": response,
+                                    "logprobs": [-1.0] * len(response)}) + "\n", encoding="utf-8")
+    out = tmp_path / "o"
+    assert run(COMPARE, "llama_tp1_fp32_clean", out, "--token-ids", str(path)).returncode == 0
+    rf = _forward(out)
+    assert rf["tokens"]["train"]["how"] == "given" and rf["tokens"]["train"]["ids"] == ids
+    _assert_clean(rf)
+
+
+def test_token_ids_of_several_sequences_are_refused_naming_the_file(tmp_path):
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "prompt_ids": [1, 2], "token_ids": [3], "logprobs": [-1.0]}) + "\n"
+                            for i in range(2)), encoding="utf-8")
+    proc = run(COMPARE, "llama_tp1_fp32_clean", tmp_path / "o", "--token-ids", str(path))
+    assert proc.returncode == 2
+    assert str(path) in proc.stderr and "holds 2 records" in proc.stderr and "Traceback" not in proc.stderr

@@ -46,7 +46,10 @@ class TokenIds:
 
 
 def parse_given(text: str | None) -> list[int] | None:
-    """``--token-ids``: a JSON list of ints, or a file holding one (None without the option)."""
+    """``--token-ids``: the whole sequence (prompt + response) as users hold it, or None without
+    the option. Accepted: a JSON list of ints; a file holding one; a file holding
+    ``{"prompt_ids": [...], "response_ids": [...]}`` (what ``dump_vllm.py`` writes as
+    tokens.json); a log-prob JSONL of one sequence (``prompt_ids`` + ``token_ids``)."""
     if text is None:
         return None
     src = text
@@ -60,13 +63,38 @@ def parse_given(text: str | None) -> list[int] | None:
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"{text}: --token-ids file cannot be read ({exc.__class__.__name__})") from None
     try:
-        ids = json.loads(src)
+        ids = _sequence(src)
     except (json.JSONDecodeError, RecursionError):
-        raise InputError(f"{text}: --token-ids is not a JSON list of integers") from None
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                        for i in ids):
+        raise InputError(f"{text}: --token-ids is not a JSON list of integers such as [1, 2, 3], nor a "
+                         f"file holding one or {{\"prompt_ids\": [...], \"response_ids\": [...]}}") from None
+    except ValueError as exc:
+        raise InputError(f"{text}: --token-ids {exc}") from None
+    if not _id_list(ids):
         raise InputError(f"{text}: --token-ids must be a non-empty JSON list of non-negative integers")
     return ids
+
+
+def _id_list(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                   for i in x)
+
+
+def _sequence(src: str):
+    """The ids of one sequence from the text of a list, a tokens.json object or a one-record JSONL."""
+    lines = [ln for ln in src.splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].lstrip().startswith("{"):
+        raise ValueError(f"holds {len(lines)} records (a log-prob JSONL of several sequences): "
+                         f"give the ids of the one sequence the dumps ran")
+    doc = json.loads(src)
+    if not isinstance(doc, dict):
+        return doc
+    response = doc.get("response_ids", doc.get("token_ids"))
+    prompt = doc.get("prompt_ids")
+    if prompt is None or response is None:
+        raise ValueError("object needs both \"prompt_ids\" and \"response_ids\" (or \"token_ids\") lists")
+    if not (_id_list(prompt) and isinstance(response, list) and (not response or _id_list(response))):
+        raise ValueError("\"prompt_ids\" and \"response_ids\" must be lists of non-negative integers")
+    return prompt + response
 
 
 def _calls(leaf) -> list[tuple[float | None, float | None, float | None, float | None]]:

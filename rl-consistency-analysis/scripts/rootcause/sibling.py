@@ -44,11 +44,26 @@ def locate(skill_root: Path) -> Path:
     return _sibling_file(skill_root, ENTRY)
 
 
+_PACKAGE = "rootcause_sibling"
+
+
 def _load(skill_root: Path, entry: Path, what: str) -> ModuleType:
     """One of the sibling's standalone modules, loaded by file path (this skill imports nothing of
-    the sibling's package)."""
+    the sibling's package). The module is placed in a stand-in package over the sibling's folder,
+    so that its own relative imports of other standalone modules (tensorio -> containment) resolve
+    there without running the sibling package's code."""
     path = _sibling_file(skill_root, entry)
-    spec = importlib.util.spec_from_file_location(f"rootcause_sibling_{path.stem}", path)
+    package = sys.modules.get(_PACKAGE)
+    if package is None or list(package.__path__) != [str(path.parent)]:
+        for stale in [m for m in sys.modules if m.startswith(_PACKAGE + ".")]:
+            del sys.modules[stale]          # modules of another sibling folder
+        package = ModuleType(_PACKAGE)
+        package.__path__ = [str(path.parent)]
+        sys.modules[_PACKAGE] = package
+    name = f"{_PACKAGE}.{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     # Registered before it runs: dataclasses look their module up in sys.modules.
     sys.modules[spec.name] = module
