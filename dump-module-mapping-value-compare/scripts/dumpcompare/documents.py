@@ -7,6 +7,7 @@ from .analysis import RANK_MEANINGS, ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
 from .plan import MappingPlan
+from .points import is_parameter_name
 from .naming import ModuleRecord
 from .outputs import fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
@@ -282,4 +283,17 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
         reasons.append(f"only {summary['mapped_train_modules']} of {summary['train_modules']} train modules "
                        "map to the rollout side (different models, or a naming profile is missing)")
     return {"comparable": not reasons, "reasons": reasons,
-            "tokens": tokens or {"how": "none", "verified": False}}
+            "tokens": tokens or {"how": "none", "verified": False},
+            "activations": activations_compared(results)}
+
+
+def activations_compared(results: list[Result]) -> dict:
+    """How many activation comparisons (module inputs and outputs, not parameters, not the ids)
+    ran, and the commonest reason of those that did not. Parameters that agree say nothing about
+    the forward: with no activation compared, no reader may call the pair clean
+    (references/output_schemas.md, output_4 ``comparability.activations``)."""
+    acts = [r for r in results if r.point != "M.tokens" and not is_parameter_name(r.point)]
+    skipped = [r for r in acts if r.status in ("incomparable", "structural")]
+    why = Counter(r.reason for r in skipped if r.reason)
+    return {"compared": len(acts) - len(skipped), "planned": len(acts),
+            "main_reason": why.most_common(1)[0][0] if why else None}

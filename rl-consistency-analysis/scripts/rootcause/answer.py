@@ -76,6 +76,9 @@ def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
         out["verdict"] = "inconclusive: nothing was compared"
     elif doc["verdict"] == "inconclusive" and not (doc.get("comparability") or {}).get("comparable", True):
         out["verdict"] = "inconclusive: the two dumps cannot be compared as they are (see the notes)"
+    elif doc["verdict"] == "inconclusive" and ((doc.get("comparability") or {}).get("activations") or {}).get(
+            "compared") == 0:
+        out["verdict"] = "inconclusive: only parameters were compared, no activation (see the notes)"
     if doc["root_causes"]:
         top = doc["root_causes"][0]
         out["root_cause"] = {

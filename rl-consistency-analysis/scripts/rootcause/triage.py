@@ -673,8 +673,19 @@ def run(ev: Evidence) -> Triage:
                          "see output_4 for the first divergence")
     if tri.verdict == "no_credible_divergence" and ev.analysis.get("partial"):
         tri.verdict = "inconclusive"
+    if tri.verdict == "no_credible_divergence" and _no_activation_compared(comp):
+        tri.verdict = "inconclusive"
+        why = comp["activations"].get("main_reason")
+        tri.notes.append("no activation of the two sides was compared, only parameters: this is not an all-clear"
+                         + (f" (most activations were left out because {why})" if why else ""))
     _drop_reported(tri)
     return tri
+
+
+def _no_activation_compared(comp: dict) -> bool:
+    """output_4 ``comparability.activations``: the compare step planned activations and none ran."""
+    act = comp.get("activations")
+    return isinstance(act, dict) and act.get("compared") == 0
 
 
 def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
