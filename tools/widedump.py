@@ -57,7 +57,7 @@ import functools, json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from dumpcompare import value_align
-from dumpcompare.compare import load_tolerances
+from dumpcompare.tolerances import load_tolerances
 from dumpcompare.loaders import load_path
 from dumpcompare.mapping import build_plan
 from dumpcompare.naming import Namer, load_profiles, name_side
