@@ -14,6 +14,8 @@ from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
 from .safetext import markdown
 
 TOP_CANDIDATES = 5   # rank 1-2 modules listed above output_4's table; the rest are in the table
+# Skip codes that mean the two sides hold tensors of different sizes (comparability's size test).
+SIZE_CODES = ("shape_conflict", "tp_shard")
 
 
 def source_info(dump: Dump, family: str, plan=None, layout=None) -> dict:
@@ -264,7 +266,7 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
         reasons.append(f"the sides have different numbers of layers (train {layers['train']}, "
                        f"rollout {layers['rollout']})")
     sized = [r for r in results if r.status in ("structural", "incomparable")
-             and r.size_relation in ("shape_conflict", "tp_shard")]
+             and r.skip is not None and r.skip.code in SIZE_CODES]
     if results and len(sized) > 0.5 * len(results):
         reasons.append(f"{len(sized)} of {len(results)} tensors differ in size (different model sizes, "
                        "sequence lengths, or unmerged tensor-parallel shards)")
@@ -294,6 +296,7 @@ def activations_compared(results: list[Result]) -> dict:
     (references/output_schemas.md, output_4 ``comparability.activations``)."""
     acts = [r for r in results if r.point != "M.tokens" and not is_parameter_name(r.point)]
     skipped = [r for r in acts if r.status in ("incomparable", "structural")]
-    why = Counter(r.reason for r in skipped if r.reason)
+    why = Counter(r.skip for r in skipped if r.skip is not None)
+    main = why.most_common(1)[0][0] if why else None
     return {"compared": len(acts) - len(skipped), "planned": len(acts),
-            "main_reason": why.most_common(1)[0][0] if why else None}
+            "main_reason": main and main.reason, "main_skip": main}
