@@ -39,8 +39,8 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
     """The ``reference_forward`` section: tokens per side, per-point agreement, departures and the
     fault hypotheses tested at each departure."""
     from . import refmodel  # the numpy engine; imported here so that a run without --model never loads it
-    doc = {"schema_version": SCHEMA, "ran": False, "reason": None, "skip": None, "family": None, "tokens": {}, "sides": {},
-           "points": {}, "hypotheses": []}
+    doc = {"schema_version": SCHEMA, "ran": False, "reason": None, "skip": None, "family": None, "tokens": {},
+           "sides": {}, "points": {}, "hypotheses": []}
     ref = next(refs[s] for s in SIDES if refs.get(s))
     doc["family"] = refmodel.family(ref.config)
     if doc["family"] is None:
