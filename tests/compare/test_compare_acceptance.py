@@ -51,6 +51,7 @@ def test_llama_same_engine_maps_one_to_one_and_keeps_backward_apart(llama):
     assert llama.d1["sources"]["train"]["family"] == "hf"
     comp = dict(llama.d4["comparability"])
     assert comp.pop("activations")["compared"] > 0
+    assert comp.pop("codes") == []
     assert comp == {"comparable": True, "reasons": [], "tokens": {"how": "count/max/min", "verified": False}}
 
 

@@ -210,7 +210,7 @@ def test_documented_keys_are_present(synth_run):
     r = out.d3["results"][0]
     assert set(r) == {"cid", "point", "kind", "axis", "mode", "status", "error", "tolerance",
                       "strict_tolerance", "train", "rollout", "stat_errors", "tensor_metrics", "reason",
-                      "notes", "dtype_differs", "pair", "calls", "param_equality", "logprob", "reference"}
+                      "notes", "dtype_differs", "pair", "calls", "param_equality", "logprob", "reference", "skip"}
     assert set(out.d1["train"][0]) == {"index", "key", "kind", "direction", "path", "raw_path", "class",
                                        "call", "calls", "layer", "block", "role", "family", "fused_parts",
                                        "is_wrapper", "explained", "ports"}

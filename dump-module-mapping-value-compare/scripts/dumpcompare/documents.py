@@ -14,6 +14,8 @@ from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
 from .safetext import markdown
 
 TOP_CANDIDATES = 5   # rank 1-2 modules listed above output_4's table; the rest are in the table
+# Skip codes that mean the two sides hold tensors of different sizes (comparability's size test).
+SIZE_CODES = ("shape_conflict", "tp_shard")
 
 
 def source_info(dump: Dump, family: str, plan=None, layout=None) -> dict:
@@ -258,31 +260,32 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
     ``tokens`` is the input plan's token evidence (how identity was shown, and whether it was
     verified); it is reported as is, so weak evidence reads ``verified: false``.
     """
-    reasons = []
+    reasons: list[tuple[str, str]] = []     # (code, prose): readers decide by the code
     one_short = bool(tokens) and tokens.get("how") == "count/max/min, last token not fed"
     if layers["train"] and layers["rollout"] and layers["train"] != layers["rollout"]:
-        reasons.append(f"the sides have different numbers of layers (train {layers['train']}, "
-                       f"rollout {layers['rollout']})")
+        reasons.append(("layers", f"the sides have different numbers of layers (train {layers['train']}, "
+                                  f"rollout {layers['rollout']})"))
     sized = [r for r in results if r.status in ("structural", "incomparable")
-             and r.size_relation in ("shape_conflict", "tp_shard")]
+             and r.skip is not None and r.skip.code in SIZE_CODES]
     if results and len(sized) > 0.5 * len(results):
-        reasons.append(f"{len(sized)} of {len(results)} tensors differ in size (different model sizes, "
-                       "sequence lengths, or unmerged tensor-parallel shards)")
+        reasons.append(("sizes", f"{len(sized)} of {len(results)} tensors differ in size (different model "
+                                 "sizes, sequence lengths, or unmerged tensor-parallel shards)"))
     tok = next((r for r in results if r.point == "M.tokens"), None)
     # With the last sampled token not fed, the ids agree over the fed tokens only (tensor mode shows
     # it; statistics over n and n-1 tokens cannot): not a difference.
     if tok is not None and tok.status not in ("match", "drift") and not (one_short and tok.status == "incomparable"):
-        reasons.append(f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})")
+        reasons.append(("tokens", f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})"))
     compared = [r for r in results if r.status not in ("incomparable", "structural")]
     if not compared:
         levels = "API-level (L1) dumps hold no modules: dump with level L0 or mix" if not (
             summary["train_modules"] and summary["rollout_modules"]) else "no module pairs share a comparable tensor"
-        reasons.append(f"nothing was compared ({summary['pairs']} module pairs, {len(results)} planned tensors; "
-                       f"{levels})")
+        reasons.append(("nothing_compared", f"nothing was compared ({summary['pairs']} module pairs, "
+                                            f"{len(results)} planned tensors; {levels})"))
     if summary["train_modules"] and summary["train_coverage"] < 0.3:
-        reasons.append(f"only {summary['mapped_train_modules']} of {summary['train_modules']} train modules "
-                       "map to the rollout side (different models, or a naming profile is missing)")
-    return {"comparable": not reasons, "reasons": reasons,
+        reasons.append(("coverage", f"only {summary['mapped_train_modules']} of {summary['train_modules']} train "
+                                    "modules map to the rollout side (different models, or a naming profile is "
+                                    "missing)"))
+    return {"comparable": not reasons, "reasons": [r for _, r in reasons], "codes": [c for c, _ in reasons],
             "tokens": tokens or {"how": "none", "verified": False},
             "activations": activations_compared(results)}
 
@@ -294,6 +297,7 @@ def activations_compared(results: list[Result]) -> dict:
     (references/output_schemas.md, output_4 ``comparability.activations``)."""
     acts = [r for r in results if r.point != "M.tokens" and not is_parameter_name(r.point)]
     skipped = [r for r in acts if r.status in ("incomparable", "structural")]
-    why = Counter(r.reason for r in skipped if r.reason)
+    why = Counter(r.skip for r in skipped if r.skip is not None)
+    main = why.most_common(1)[0][0] if why else None
     return {"compared": len(acts) - len(skipped), "planned": len(acts),
-            "main_reason": why.most_common(1)[0][0] if why else None}
+            "main_reason": main and main.reason, "main_skip": main}

@@ -20,6 +20,7 @@ from .dtypes import dtype_key
 from .naming import Namer
 from .refpoints import RefRun, compare_side, departure, point_arrays, put_point
 from .simulate import hypotheses, own_weights
+from .skips import Skip
 from .token_ids import TokenIds, recover, side_carriers
 
 SIDES = ("train", "rollout")
@@ -28,17 +29,23 @@ SCHEMA = "1.0"
 FORWARD_DTYPE = {"bfloat16": "bf16"}
 
 
+def _not_run(code: str, reason: str) -> dict:
+    """A side the reference forward did not run, with its typed skip record."""
+    return {"ran": False, "reason": reason, "skip": Skip(code, reason)}
+
+
 def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: dict, use_tensors: bool,
         given: list[int] | None, results=()) -> dict:
     """The ``reference_forward`` section: tokens per side, per-point agreement, departures and the
     fault hypotheses tested at each departure."""
     from . import refmodel  # the numpy engine; imported here so that a run without --model never loads it
-    doc = {"schema_version": SCHEMA, "ran": False, "reason": None, "family": None, "tokens": {}, "sides": {},
-           "points": {}, "hypotheses": []}
+    doc = {"schema_version": SCHEMA, "ran": False, "reason": None, "skip": None, "family": None, "tokens": {},
+           "sides": {}, "points": {}, "hypotheses": []}
     ref = next(refs[s] for s in SIDES if refs.get(s))
     doc["family"] = refmodel.family(ref.config)
     if doc["family"] is None:
         doc["reason"] = f"model_type {ref.config.get('model_type')!r} is not a family the reference forward supports"
+        doc["skip"] = Skip("family_unsupported", doc["reason"])
         doc["verdict"] = verdict(doc)
         return doc
     judged, found = {}, {}
@@ -60,13 +67,13 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         r = refs[s]
         doc["tokens"][s] = toks.to_json()
         if not toks.unique:
-            doc["sides"][s] = {"ran": False, "reason": f"token ids not recovered: {toks.detail}"}
+            doc["sides"][s] = _not_run("token_ids_unknown", f"token ids not recovered: {toks.detail}")
             continue
         fdt = FORWARD_DTYPE.get(dtype, "fp32")
         rows = embedding.shape[0] if embedding is not None else None
         if rows is not None and max(toks.ids) >= rows:
-            doc["sides"][s] = {"ran": False, "reason": f"token id {max(toks.ids)} is beyond the checkpoint's "
-                                                       f"{rows} embedding rows (another checkpoint or tokenizer)"}
+            doc["sides"][s] = _not_run("token_beyond_vocab", f"token id {max(toks.ids)} is beyond the checkpoint's "
+                                       f"{rows} embedding rows (another checkpoint or tokenizer)")
             continue
         ends[s] = [int(e) for e in np.cumsum([c["tokens"] for c in toks.calls])] \
             if all(c.get("tokens") for c in toks.calls) else None
@@ -88,7 +95,7 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         except (refmodel.UnsupportedModel, ValueError) as exc:
             for s in sides:
                 del judged[s]
-                doc["sides"][s] = {"ran": False, "reason": f"the reference forward cannot run this model: {exc}"}
+                doc["sides"][s] = _not_run("forward_unsupported", f"the reference forward cannot run this model: {exc}")
             continue
         head = run_.arrays.get("M.logits")
         if head is not None:
@@ -108,6 +115,8 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
     doc["ran"] = bool(judged)
     if not judged:
         doc["reason"] = "; ".join(f"{s}: {v['reason']}" for s, v in doc["sides"].items()) or "no side to run"
+        # One code for the section: the first side's (each side keeps its own).
+        doc["skip"] = next((v["skip"] for v in doc["sides"].values()), Skip("no_side", doc["reason"]))
     doc["points"] = {cid: {s: judged[s][cid] for s in judged if cid in judged[s]}
                      for cid in sorted({c for j in judged.values() for c in j})}
     doc["verdict"] = verdict(doc)

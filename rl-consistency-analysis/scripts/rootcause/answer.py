@@ -53,7 +53,9 @@ def names(x) -> str:
 
 def _nothing_compared(doc: dict) -> str | None:
     comp = doc.get("comparability") or {}
-    return next((r for r in comp.get("reasons") or [] if "nothing was compared" in str(r)), None)
+    codes, reasons = comp.get("codes") or [], comp.get("reasons") or []
+    # output_4 comparability.codes runs beside reasons (output_schemas.md); decided by the code.
+    return next((str(r) for c, r in zip(codes, reasons) if c == "nothing_compared"), None)
 
 
 def _decide_side(top: dict, argv: list[str]) -> dict | None:

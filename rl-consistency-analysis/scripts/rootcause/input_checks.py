@@ -16,9 +16,9 @@ from .evidence import Evidence
 TRAIN_FAMILIES = ("hf", "megatron")
 ROLLOUT_FAMILIES = ("vllm", "sglang")
 FAMILY_WORDS = {"hf": "Hugging Face (transformers/FSDP)", "megatron": "Megatron", "vllm": "vLLM", "sglang": "SGLang"}
-# The compare step's per-comparison note when a tensor file named by a tensor-mode dump cannot be read
-# (dumpcompare/compare: "tensor unavailable, statistics used instead: <file>: <why>").
-TENSOR_UNAVAILABLE = "tensor unavailable, statistics used instead: "
+# The compare step's skip code (output_3 ``results[].skip``, references/output_schemas.md "Skip codes")
+# when a tensor file named by a tensor-mode dump cannot be read; its reason reads "<file>: <why>".
+TENSOR_UNAVAILABLE = "tensor_unavailable"
 
 
 class InputMistake(Exception):
@@ -100,12 +100,11 @@ def _tensors_missing(ev: Evidence) -> str | None:
     tensor_sides = [s for s in ("train", "rollout") if (ev.sources.get(s) or {}).get("task") == "tensor"]
     if not tensor_sides:
         return None
-    missing = [r for r in ev.compare.get("results", []) if any(
-        str(n).startswith(TENSOR_UNAVAILABLE) for n in r.get("notes") or [])]
+    missing = [r for r in ev.compare.get("results", [])
+               if isinstance(r.get("skip"), dict) and r["skip"].get("code") == TENSOR_UNAVAILABLE]
     if not missing:
         return None
-    first = next(str(n) for n in missing[0]["notes"] if str(n).startswith(TENSOR_UNAVAILABLE))
-    where = first[len(TENSOR_UNAVAILABLE):].split(":", 1)[0]
+    where = str(missing[0]["skip"].get("reason") or "").split(":", 1)[0]
     total = len(ev.compare.get("results", []))
     return (f"tensor files missing: {' and '.join(tensor_sides)} {'is a' if len(tensor_sides) == 1 else 'are'} "
             f"tensor-mode dump{'s' if len(tensor_sides) > 1 else ''}, but {len(missing)} of {total} comparisons "

@@ -13,6 +13,7 @@ from ..arrays import merge_rule
 from ..dtypes import dtype_key, is_int_dtype
 from ..plan import Carrier, PointPlan
 from ..records import Dump, Leaf
+from ..skips import Skip
 from ..tolerances import grade, pair_tolerances, tolerance_for
 from . import params as P
 from . import tensors as T
@@ -63,10 +64,18 @@ class Result:
     param_equality: dict[str, Any] | None = None  # parameters only: compare/params.py
     logprob: dict[str, Any] | None = None  # the logits point in tensor mode: per-token log-prob view
     reference: dict[str, Any] | None = None  # parameters with --model: per side, reference.py
-    # How the sides differ in size when they do: tp_shard | padded_vocab | shape_conflict. Read by
-    # output_4 ``comparability``; not written to output_3 (its result keys are fixed until the
-    # typed skip records publish one list of codes).
-    size_relation: str | None = field(default=None, metadata={"written": False})
+    # Why the comparison (or its tensor part) did not happen; ``reason`` repeats its prose.
+    skip: Skip | None = None
+
+    def skipped(self, code: str, reason: str) -> None:
+        """Record that the comparison did not happen (a code of skips.SKIP_CODES) and why.
+
+        An unreadable tensor file stays the recorded skip: the statistics fallback that then
+        fails (partial sums, one token more) fails only because the tensor was not there.
+        """
+        if self.skip is None or self.skip.code != "tensor_unavailable":
+            self.skip = Skip(code, reason)
+        self.reason = reason
 
 
 def _leaf(view: SideView, c: Carrier) -> Leaf | None:
@@ -147,7 +156,7 @@ class Executor:
                      _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl), pair=plan.pair)
         res.notes += notes
         if any(lf is None for lf in tl + rl):
-            res.reason = "a planned leaf is missing from the dump"
+            res.skipped("missing_leaf", "a planned leaf is missing from the dump")
             return res
         kt, kr = n_calls(tl), n_calls(rl)
         k = min(kt, kr)
@@ -174,19 +183,19 @@ class Executor:
         dt, dr = tl[0].dtype, rl[0].dtype
         res.dtype_differs = dtype_key(dt) != dtype_key(dr)
         if is_int_dtype(dt) != is_int_dtype(dr):
-            res.reason = f"dtype conflict: {dt} vs {dr}"
+            res.skipped("dtype_conflict", f"dtype conflict: {dt} vs {dr}")
             return res
         tensors = self._tensors(plan, tl, rl, res) if self.use_tensors and rep is None else None
         if rep is not None and self.use_tensors and all(lf.data_name for lf in tl + rl):
             res.notes.append("replicated KV heads are compared by statistics (tensor regrouping not done)")
         if tensors is None and trim:
-            res.reason = (f"the {trim} side holds one token more (the last sampled token, which the engine "
-                          "returns and never feeds back): statistics over different tokens do not compare; "
-                          "use tensor mode, or dump the trainer without the last token")
+            res.skipped("extra_token", f"the {trim} side holds one token more (the last sampled token, which the "
+                        "engine returns and never feeds back): statistics over different tokens do not compare; "
+                        "use tensor mode, or dump the trainer without the last token")
             return res
         if tensors is None and any(merge_rule(lf.merge).is_sum for lf in tl + rl):
-            res.reason = ("partial sums across tensor-parallel ranks: their statistics cannot be combined; "
-                          "compare a tensor dump, or dump after the all-reduce")
+            res.skipped("partial_sums", "partial sums across tensor-parallel ranks: their statistics cannot be "
+                        "combined; compare a tensor dump, or dump after the all-reduce")
             return res
         if tensors is not None:
             self._judge_tensor(plan, res, tensors, dt, dr, tl, rl, trim)
@@ -248,9 +257,10 @@ class Executor:
             return
         err = res.stat_errors.get("scaled_error")
         if err is None:
-            res.reason = "no statistics to compare (empty, fake or checksum-only tensor)"
             if ts.numel == 0 and rs.numel == 0:
                 res.status, res.error, res.reason = "match", 0.0, "both tensors are empty"
+            else:
+                res.skipped("no_statistics", "no statistics to compare (empty, fake or checksum-only tensor)")
             return
         res.error = err
         res.status = grade(err, tol, strict)
@@ -259,18 +269,17 @@ class Executor:
         tshape, rshape = res.train["shapes"], res.rollout["shapes"]
         kind, detail = (size_relation(plan.point, tshape[0], rshape[0])
                         if plan.kind == "direct" else (None, None))
-        res.size_relation = kind or "shape_conflict"
         if kind == "tp_shard":
             res.status = "structural"
-            res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension "
-                          f"({tshape} vs {rshape}); gather the shards before comparing")
+            res.skipped("tp_shard", f"tp_shard: one side holds 1/{detail} of the other along one dimension "
+                        f"({tshape} vs {rshape}); gather the shards before comparing")
         elif kind == "padded_vocab":
             res.status = "structural"
-            res.reason = f"padded_vocab: vocabulary padded on one side ({tshape} vs {rshape})"
+            res.skipped("padded_vocab", f"padded_vocab: vocabulary padded on one side ({tshape} vs {rshape})")
             res.stat_errors = {"norm_rel": abs(ts.norm - rs.norm) / max(ts.norm, rs.norm)
                                if ts.norm and rs.norm else None}
         else:
-            res.reason = f"shape conflict: {ts.numel} vs {rs.numel} elements ({tshape} vs {rshape})"
+            res.skipped("shape_conflict", f"shape conflict: {ts.numel} vs {rs.numel} elements ({tshape} vs {rshape})")
 
     # -- tensors --------------------------------------------------------------------------
     def _tensors(self, plan, tl, rl, res: Result):
@@ -286,6 +295,7 @@ class Executor:
                     opened = [tensorio.open_tensor(tensorio.resolve_data_file(*f)) for f in files]
                 except tensorio.TensorReadError as exc:
                     res.notes.append(f"tensor unavailable, statistics used instead: {exc}")
+                    res.skip = Skip("tensor_unavailable", str(exc))
                     return None
                 if len({raw for _, raw in opened}) > 1:       # ranks stored in different dtypes
                     opened = [(tensorio.widen_bf16(a) if raw else a, False) for a, raw in opened]
@@ -337,18 +347,17 @@ class Executor:
             except ValueError as exc:
                 kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
                                 if plan.kind == "direct" else (None, None))
-                res.size_relation = kind or ("shape_conflict" if isinstance(exc, T.ShapeConflict) else None)
                 if kind == "padded_vocab":
                     t, r = trim_padding(tarrs[0], rarrs[0], detail)
                     t, r = t.astype(np.float64), r.astype(np.float64)
                     note = "padded vocabulary rows trimmed before comparing"
                 elif kind == "tp_shard":
                     res.status = "structural"
-                    res.reason = (f"tp_shard: one side holds 1/{detail} of the other along one dimension; "
-                                  "gather the shards before comparing")
+                    res.skipped("tp_shard", f"tp_shard: one side holds 1/{detail} of the other along one "
+                                "dimension; gather the shards before comparing")
                     return
                 else:
-                    res.reason = str(exc)
+                    res.skipped("shape_conflict" if isinstance(exc, T.ShapeConflict) else "layout", str(exc))
                     return
             if note and note not in notes:
                 notes.append(note)

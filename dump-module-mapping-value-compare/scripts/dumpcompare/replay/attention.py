@@ -23,6 +23,7 @@ import numpy as np
 from .. import modelconfig
 from ..arrays import leaf_array, merge_rule, rel_error, to_dtype
 from ..dtypes import dtype_key
+from ..skips import Skip
 from ..tolerances import pair_tolerances
 from .kernels import MAX_LEAF, ROPE_THETAS, Fit, rope_angles, rotate
 
@@ -32,21 +33,6 @@ SOFTCAPS = (0.0, 30.0, 50.0)          # 0: no cap
 MAX_SCORES = 1 << 19
 MAX_ROUNDS = 2
 SCALE = "attention scale"
-
-
-SKIP_CODES = ("no_config", "missing_tensor", "too_large", "layout", "rope_scaling", "positions_unknown",
-              "earlier_kv_missing")
-
-
-@dataclass(frozen=True)
-class Skip:
-    """Why an attention module was not replayed: ``code`` is one of SKIP_CODES."""
-    code: str
-    detail: str
-
-    def __post_init__(self):
-        if self.code not in SKIP_CODES:
-            raise TypeError(f"unknown skip code {self.code!r}")
 
 
 def _sig(x: float) -> float:
@@ -388,7 +374,7 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                         else _composite(view, idx, subject, config, geom) if composite
                         else _module(view, idx, by_path, subject, config, geom))
                 if isinstance(prob, Skip):
-                    out.append({**head, "skipped": prob.code, "reason": prob.detail})
+                    out.append({**head, "skipped": prob.code, "reason": prob.reason, "skip": prob})
                     continue
                 tol, _ = pair_tolerances(tolerances["replay"], prob.dtype, prob.dtype)
                 for r in fit(prob, config, layer, tol, with_theta=prob.positions is not None):
@@ -396,8 +382,8 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
                                 "rope": "positions" if prob.positions is not None else
                                 "dumped cos/sin" if prob.cos_sin is not None else "applied before", **r})
             except _TooLarge as exc:
-                out.append({**head, "skipped": "too_large", "reason": str(exc)})
+                out.append({**head, "skipped": "too_large", "reason": str(exc), "skip": Skip("too_large", str(exc))})
             except (ValueError, IndexError, TypeError) as exc:
                 # Tensors that do not fit the standard signature: not replayed, never blamed.
-                out.append({**head, "skipped": "layout", "reason": str(exc)})
+                out.append({**head, "skipped": "layout", "reason": str(exc), "skip": Skip("layout", str(exc))})
     return out
