@@ -156,7 +156,9 @@ def summary(doc: dict | None) -> dict | None:
 
 
 def verdict(doc: dict) -> dict:
-    """Which side the reference says is at fault, and why (read by the root-cause step)."""
+    """Which side the reference says is at fault, and why: output_4's reading for a user of this
+    skill alone. The root-cause step decides a finding's side from the departures themselves
+    (its sides.py)."""
     sides = doc.get("sides", {})
     ran = [s for s in SIDES if sides.get(s, {}).get("ran")]
     departs = [s for s in ran if sides[s]["departure"]]

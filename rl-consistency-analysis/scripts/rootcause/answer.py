@@ -6,7 +6,7 @@ prints a JSON name to a person; FIELD_NAMES is the published list of names a vie
 """
 from __future__ import annotations
 
-from . import commands
+from . import commands, sides
 
 VERDICT_WORDS = {
     "root_cause_found": "root cause found",
@@ -60,7 +60,7 @@ def _nothing_compared(doc: dict) -> str | None:
 
 def _decide_side(top: dict, argv: list[str]) -> dict | None:
     """When the side is undetermined and no checkpoint was given: the rerun with --model that decides it."""
-    if top.get("side") != "undetermined":
+    if top.get("side") != sides.UNDETERMINED:
         return None
     cmd = commands.with_model(argv)
     if cmd is None:

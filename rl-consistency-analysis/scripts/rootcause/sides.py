@@ -1,16 +1,46 @@
-"""Which side is wrong: the reference checkpoint and the configs each side resolved.
+"""Which side is wrong: the one owner of a finding's ``side`` and ``side_reason``.
 
-Reads what the compare step wrote with ``--model`` (output_3 ``reference``: per side, the
-checkpoint, the config and, per parameter, ``matches_reference``) and turns it into a finding's
-``side``, ``side_evidence`` and ``config_keys``. How each side is decided, and when it cannot be:
-references/deciding_the_side.md.
+It reads evidence records and decides: what the dumps alone show (``Structural``, made by the
+triage's rules), the parameters held against the checkpoint, the configs each side resolved and
+the replays (output_3 ``reference``, ``replays``), and each side's departure from the reference
+forward (output_4 ``reference_forward.sides``). It writes a finding's ``side``, ``side_reason``,
+``side_evidence`` and ``config_keys``. The side values and how each is decided, and when it
+cannot be: references/deciding_the_side.md.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .evidence import Evidence
 from .hypotheses import config_keys
 
-SIDES = ("train", "rollout")
+TRAIN, ROLLOUT = "train", "rollout"
+SIDES = (TRAIN, ROLLOUT)
+BOTH = "both"                  # each side's own copy departs from the reference
+NEITHER = "neither"            # both sides reproduce the reference: the difference is precision
+UNDETERMINED = "undetermined"  # the evidence cannot tell
+
+
+@dataclass(frozen=True)
+class Structural:
+    """What the dumps alone say about a finding's side (made by the triage rule that fired).
+
+    ``side`` is ``train`` or ``rollout`` where the data gives the side away (permuted fused rows,
+    a lower-precision output, a one-sided op, a side's own row layout), None where it does not;
+    ``reason`` says why in either case."""
+    side: str | None
+    reason: str
+
+
+def from_structure(claim: Structural) -> dict:
+    """The ``side`` and ``side_reason`` fields the dumps alone give a finding."""
+    return {"side": claim.side or UNDETERMINED, "side_reason": claim.reason}
+
+
+def carried() -> dict:
+    """The side of an ``upstream_propagation`` finding: both sides carry the divergence that an
+    earlier cause started, so neither copy is where it begins."""
+    return {"side": BOTH}
 
 
 def reference_section(ev: Evidence) -> dict | None:
@@ -34,17 +64,19 @@ def reference_section(ev: Evidence) -> dict | None:
 def forward_section(ev: Evidence) -> dict | None:
     """output_5 ``reference_forward``: the compare step's reference forward without its per-point
     records (tokens and how they were found, each side's departure, the simulated hypotheses)."""
-    rf = ev.compare.get("reference_forward")
-    if not rf:
-        return None
-    return {k: v for k, v in rf.items() if k != "points"}
+    return _forward(ev) or None
+
+
+def _forward(ev: Evidence) -> dict:
+    """output_4 ``reference_forward`` (the output_3 section without its per-point records)."""
+    return ev.analysis.get("reference_forward") or {}
 
 
 def forward_evidence(ev: Evidence, m: dict) -> dict | None:
     """The ``reference_forward`` side_evidence record of a finding at module ``m`` (None when the
     forward did not run). A side's departure at or before the finding's layer concerns it."""
-    rf = ev.compare.get("reference_forward")
-    if not rf or not rf.get("ran"):
+    rf = _forward(ev)
+    if not rf.get("ran"):
         return None
     rec = {"kind": "reference_forward", "verdict": rf.get("verdict"), "concerns_finding": False}
     for side in SIDES:
@@ -62,17 +94,31 @@ def forward_evidence(ev: Evidence, m: dict) -> dict | None:
 
 
 def side_from_forward(rec: dict | None) -> tuple[str | None, str | None]:
-    """(side, reason) from the reference forward; (None, None) when it does not decide."""
+    """(side, reason) from the sides' departures in a ``reference_forward`` record; (None, None)
+    when they do not decide: it does not concern the finding, a side did not run, neither side
+    departs, or both depart at the same point (then the checkpoint, config or tokens are probably
+    not what the engines ran)."""
     if not rec or not rec.get("concerns_finding"):
         return None, None
-    v = rec.get("verdict") or {}
-    if v.get("side") not in ("train", "rollout", "both"):
+    # forward_evidence marks only a side that did not run (``ran: false``).
+    ran = {s: rec[s] for s in SIDES if (rec.get(s) or {}).get("ran", True)}
+    departs = [s for s in ran if ran[s].get("departure")]
+    if len(ran) < 2 or not departs:
         return None, None
-    why = "reference forward: " + v.get("reason", "")
-    repro = (rec.get("reproduced_by") or {}).get(v["side"]) or []
+    if len(departs) == 2:
+        a, b = (ran[s]["departure"]["point"] for s in SIDES)
+        if a == b:
+            return None, None
+        side, why = BOTH, f"train leaves the reference at {a}, rollout at {b}"
+    else:
+        side, other = departs[0], ROLLOUT if departs[0] == TRAIN else TRAIN
+        why = (f"{side} leaves the reference at {ran[side]['departure']['point']}; {other} matches it at all "
+               f"{ran[other]['points']} compared points")
+    why = "reference forward: " + why
+    repro = (rec.get("reproduced_by") or {}).get(side) or []
     if repro:
-        why += f"; simulated in the reference, {repro[0]} reproduces the {v['side']} side"
-    return v["side"], why
+        why += f"; simulated in the reference, {repro[0]} reproduces the {side} side"
+    return side, why
 
 
 def _param_results(ev: Evidence, m: dict) -> list[dict]:
@@ -102,10 +148,10 @@ def side_from_parameters(records: list[dict]) -> tuple[str | None, str | None]:
     right = {s for s in SIDES if records and all((rec.get(s) or {}).get("matches_reference") is True
                                                    for rec in records)}
     if wrong == set(SIDES):
-        return "both", "both sides' parameters differ from the reference checkpoint"
+        return BOTH, "both sides' parameters differ from the reference checkpoint"
     if len(wrong) == 1:
         bad = wrong.pop()
-        other = "rollout" if bad == "train" else "train"
+        other = ROLLOUT if bad == TRAIN else TRAIN
         if other in right:
             return bad, (f"the {bad} side's parameter differs from the reference checkpoint while the {other} "
                          f"side's equals it")
@@ -160,10 +206,10 @@ def side_from_replays(records: list[dict], exact_module: bool) -> tuple[str | No
     wrong = {r["side"] for r in judged if not r["reproduces_reference"]}
     seen = {r["side"] for r in judged}
     if wrong == set(SIDES):
-        return "both", "neither side's output is reproduced by the reference config's math"
+        return BOTH, "neither side's output is reproduced by the reference config's math"
     if len(wrong) == 1:
         bad = wrong.pop()
-        other = "rollout" if bad == "train" else "train"
+        other = ROLLOUT if bad == TRAIN else TRAIN
         r = next(x for x in judged if x["side"] == bad and not x["reproduces_reference"])
         tail = ("the other side's is reproduced by the reference" if other in seen else
                 f"the {other} side computes it inline, where it is not replayed")
@@ -172,7 +218,7 @@ def side_from_replays(records: list[dict], exact_module: bool) -> tuple[str | No
                      f"reference {r['key']}={r['reference_value']!r} (residual {r['residual_at_reference']:.2g}); "
                      + tail)
     if exact_module and seen == set(SIDES) and not wrong:
-        return "neither", ("both sides' outputs are reproduced by the reference config's math: the difference "
+        return NEITHER, ("both sides' outputs are reproduced by the reference config's math: the difference "
                            "is within the data's precision")
     return None, None
 
@@ -194,13 +240,13 @@ def _forward_side(f: dict, forward: dict | None) -> list[str]:
     side, why = side_from_forward(forward)
     if not side:
         return []
-    if f.get("side") not in (None, "undetermined", side):
+    if f.get("side") not in (None, UNDETERMINED, side):
         f["side_reason"] = f"{f.get('side_reason') or ''} (the reference forward says {side}: {why})".strip()
         return []
     if f.get("side") != side:
         f["side"], f["side_reason"] = side, why
-    hyp = (forward.get("reproduced_by") or {}).get(side) if side != "both" else None
-    dep = (forward.get(side) or {}).get("departure") if side != "both" else None
+    hyp = (forward.get("reproduced_by") or {}).get(side) if side != BOTH else None
+    dep = (forward.get(side) or {}).get("departure") if side != BOTH else None
     if hyp and dep:
         return [f"The {side} side leaves the reference forward at {dep['point']}; injecting '{hyp[0]}' into the "
                 f"reference reproduces it: check that on the {side} side."]
@@ -233,17 +279,17 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
         if side:
             f["side"], f["side_reason"] = side, why
             for rec in params:
-                for s in ([side] if side != "both" else list(SIDES)):
+                for s in ([side] if side != BOTH else list(SIDES)):
                     if (rec.get(s) or {}).get("matches_reference") is False:
                         names = ", ".join(rec[s].get("checkpoint_tensors") or [rec["point"]])
                         checks.append(f"Reload {names} on the {s} side from the checkpoint (its {rec['point']} "
                                       f"differs: {rec[s].get('detail')}).")
         return checks + _forward_side(f, forward)
     side, why = side_from_replays(replays, exact_module=f.get("train_module") == _path(m, "train"))
-    if side and f.get("side") in (None, "undetermined"):
+    if side and f.get("side") in (None, UNDETERMINED):
         f["side"], f["side_reason"] = side, why
         for r in replays:
-            if side == "both" or r["side"] == side:
+            if side == BOTH or r["side"] == side:
                 if r.get("reproduces_reference") is False:
                     checks.append(f"Set {r['key']} to {r['reference_value']!r} on the {r['side']} side: its "
                                   f"{r['module']} computes with {r['key']}={r['fitted']['value']!r} "
@@ -253,9 +299,9 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
     # Only keys that govern this module's role decide its side (any key when the role has no list).
     governing = set(keys) or {c["key"] for c in configs}
     decided = [c for c in configs if c.get("differs_from_checkpoint") and c["key"] in governing]
-    if decided and f.get("side") in (None, "undetermined"):
+    if decided and f.get("side") in (None, UNDETERMINED):
         sides = {c["differs_from_checkpoint"] for c in decided}
-        f["side"] = sides.pop() if len(sides) == 1 else "both"
+        f["side"] = sides.pop() if len(sides) == 1 else BOTH
         f["side_reason"] = ("the " + f["side"] + " side resolved " + ", ".join(
             f"{c['key']}={c[c['differs_from_checkpoint']]!r}" for c in decided) + " where the checkpoint's config says "
             + ", ".join(f"{c['key']}={c['checkpoint']!r}" for c in decided))

@@ -2,7 +2,8 @@
 
 The rules are a table in rules.py (condition, category, base score, adjustments) with their
 reasons in references/analysis_rules.md; this module computes the facts their conditions read
-(``Suspect``) and, for the row that fired, the side and the evidence.
+(``Suspect``) and, for the row that fired, the evidence and what the dumps alone say about the
+side (``sides.Structural``; sides.py decides the side).
 """
 from __future__ import annotations
 
@@ -296,7 +297,7 @@ def _pass_through_words(how: str | None) -> str | None:
 
 def classify(s: Suspect) -> dict:
     """Inspect the boundary of one suspect; the first matching row of rules.RULES decides its
-    category, and the decision for that row fills in side and evidence."""
+    category, and the decision for that row fills in the evidence and the side the dumps show."""
     ev, m = s.ev, s.m
     rule = rules.first_rule(s)
     s.rule = rule.id
@@ -313,10 +314,10 @@ def classify(s: Suspect) -> dict:
         "output_error_margin": s.margin,
         "diverged_calls": _diverged_calls(ev, m),
     }
-    f = {"category": rule.category, "side": "undetermined", "train_module": _path_names(m["train_modules"]),
+    f = {"category": rule.category, "train_module": _path_names(m["train_modules"]),
          "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],
          "evidence": ev_info, "rules_fired": [rule.id]}
-    _DECIDE[rule.id](s, f, ev_info)
+    f.update(sides.from_structure(_DECIDE[rule.id](s, f, ev_info)))
     # The numbers and the chart mark of a finding come from the pair of the modules it names (a
     # fused qkv, an enclosing module), not from the later pair where the triage saw the break.
     ev_info["finding_pair"] = _named_pair(ev, f) or m["pid"]
@@ -349,7 +350,7 @@ def _layout_reason(side: str, layout: str, what: str) -> str:
             f"which is what a conversion into the {side} layout that kept the plain order leaves")
 
 
-def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     permuted = s.permuted or _multiset_equal(s.ev, s.m)
     ev_info["permuted_fused_rows"] = permuted
     side = _fused_side(s.m) if permuted else None
@@ -357,60 +358,58 @@ def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> None:
         filter(None, (_layout_side(s.ev, p.get("cid")) for p in s.m["points"]["param"] if p["status"] in DIVERGED)),
         None)
     if side:
-        f["side"] = side
-        f["side_reason"] = (f"the fused module on the {side} side holds the same values in another row "
-                            f"order; the unfused parts on the other side are consistent with each other")
-    elif layout:
-        f["side"] = layout[0]
-        f["side_reason"] = _layout_reason(*layout, "this weight")
-    else:
-        f["side_reason"] = ("both sides hold this weight and the dumps only show that they differ; compare "
-                            "each with the checkpoint to decide")
+        return sides.Structural(side, f"the fused module on the {side} side holds the same values in another row "
+                                      f"order; the unfused parts on the other side are consistent with each other")
+    if layout:
+        return sides.Structural(layout[0], _layout_reason(*layout, "this weight"))
+    return sides.Structural(None, "both sides hold this weight and the dumps only show that they differ; compare "
+                                  "each with the checkpoint to decide")
 
 
-def _decide_precision(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_precision(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     side = _lower_precision_side(s.ev, s.m)
     ev_info["precision_boundary"] = f"{side} side in lower precision" if side else "dtypes differ"
-    f["side"] = side or "undetermined"
-    f["side_reason"] = ("this side's output dtype is lower precision while the data entering the "
-                        "module agreed" if side else "dtypes differ but neither is clearly lower")
+    return sides.Structural(side, "this side's output dtype is lower precision while the data entering the "
+                                  "module agreed" if side else "dtypes differ but neither is clearly lower")
 
 
-def _decide_unobserved_weight(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_unobserved_weight(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     ev_info["parameters_unobserved"] = True
-    f["side_reason"] = (f"one side does not show this module's weights (e.g. vLLM applies lm_head's weight "
-                        f"inside logits_processor) and the outputs differ by {s.output_error:.3g} relative, far past "
-                        f"any rounding ({rules.UNCORRELATED_ERROR}): a different weight (untied vs tied head, "
-                        f"wrong shard, wrong checkpoint) leads; compare each side's weight with the checkpoint")
+    return sides.Structural(None, f"one side does not show this module's weights (e.g. vLLM applies lm_head's weight "
+                                  f"inside logits_processor) and the outputs differ by {s.output_error:.3g} "
+                                  f"relative, far past any rounding ({rules.UNCORRELATED_ERROR}): a different weight "
+                                  f"(untied vs tied head, wrong shard, wrong checkpoint) leads; compare each side's "
+                                  f"weight with the checkpoint")
 
 
-def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     if s.parameters_unobserved:
         ev_info["parameters_uncompared"] = True
-        f["side_reason"] = ("inputs agree but the parameters could not be compared (one side does not dump "
-                            "them), so a weight difference is as possible as an implementation difference")
+        why = ("inputs agree but the parameters could not be compared (one side does not dump them), so a weight "
+               "difference is as possible as an implementation difference")
     else:
-        f["side_reason"] = ("both sides implement this module; inputs and parameters agree, so the difference "
-                            "is in how it computes: compare its configuration on both sides to decide")
+        why = ("both sides implement this module; inputs and parameters agree, so the difference is in how it "
+               "computes: compare its configuration on both sides to decide")
     if s.inputs_inferred:
         ev_info["inputs_inferred"] = True
+    return sides.Structural(None, why)
 
 
-def _decide_routing(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_routing(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     rec = s.routing
     ev_info["routing"] = moe.routing_summary(rec)
     keys = ", ".join(f"{d['key']} (train behaves as {d['train']!r}, rollout as {d['rollout']!r})"
                      for d in rec["differing_keys"]) or "no single key fits"
     werr = rec["weights_rel_error"]
-    f["side_reason"] = (f"routing replayed from each side's router logits chooses other experts on "
-                        f"{rec['systematic_sets']} of {rec['tokens']} tokens away from any tie"
-                        + (f" and weighs the same experts differently (relative error {werr:.2g})"
-                           if werr is not None and werr > rec["weights_tolerance"] else "")
-                        + f": the sides route with different values: {keys}")
+    return sides.Structural(None, f"routing replayed from each side's router logits chooses other experts on "
+                                  f"{rec['systematic_sets']} of {rec['tokens']} tokens away from any tie"
+                                  + (f" and weighs the same experts differently (relative error {werr:.2g})"
+                                     if werr is not None and werr > rec["weights_tolerance"] else "")
+                                  + f": the sides route with different values: {keys}")
 
 
-def _decide_op_before_observer(s: Suspect, f: dict, ev_info: dict) -> None:
-    _missing_or_extra(f, ev_info, s.op_before_observer, s.m)
+def _decide_op_before_observer(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
+    return _missing_or_extra(f, ev_info, s.op_before_observer, s.m)
 
 
 def _window(s: Suspect, ev_info: dict) -> None:
@@ -418,12 +417,12 @@ def _window(s: Suspect, ev_info: dict) -> None:
     ev_info["one_sided_between"] = [_one_sided_view(o) for o in s.between]
 
 
-def _decide_op_between(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_op_between(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     _window(s, ev_info)
-    _missing_or_extra(f, ev_info, s.op_between, s.m)
+    return _missing_or_extra(f, ev_info, s.op_between, s.m)
 
 
-def _decide_between(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_between(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     """Inputs break behind a clean boundary with nothing unexpected between: the enclosing module."""
     _window(s, ev_info)
     container, m = s.container, s.m
@@ -434,12 +433,13 @@ def _decide_between(s: Suspect, f: dict, ev_info: dict) -> None:
         ev_info["suspect_pair"] = _mini(m)
         ev_info["container_pair"] = container["pid"]
     expected = [o["module"] for o in s.between if o["expected"]]
-    f["side_reason"] = ("the difference arises between aligned modules, inside computation both sides do "
-                        + (f"(one-sided by design: {', '.join(expected)})" if expected else "inline")
-                        + "; compare its configuration on both sides to decide")
+    return sides.Structural(None, "the difference arises between aligned modules, inside computation both "
+                                  "sides do " + (f"(one-sided by design: {', '.join(expected)})" if expected
+                                                 else "inline")
+                                  + "; compare its configuration on both sides to decide")
 
 
-def _decide_split(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_split(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     """A fused product agrees, its parts after the split do not: the row order of the fused weight
     does not fit the split that side's code applies (references: "Fused split")."""
     _window(s, ev_info)
@@ -451,14 +451,12 @@ def _decide_split(s: Suspect, f: dict, ev_info: dict) -> None:
     layout = _layout_side(s.ev, split["cid"])
     if layout:
         side, name = layout
-        f["side"] = side
-        f["side_reason"] = (f"the {side} side splits {split['point']} in its own row layout ({name}), the other "
-                            f"side in the plain order a Hugging Face checkpoint holds; a {side} weight converted "
-                            f"without reordering its rows into that layout gives the wrong parts under the split "
-                            f"while the fused product still agrees")
-    else:
-        f["side_reason"] = ("the fused product agrees and its parts do not: one side's weight rows are in an "
-                            "order its split does not expect; compare each with the checkpoint to decide")
+        return sides.Structural(side, f"the {side} side splits {split['point']} in its own row layout ({name}), "
+                                      f"the other side in the plain order a Hugging Face checkpoint holds; a {side} "
+                                      f"weight converted without reordering its rows into that layout gives the "
+                                      f"wrong parts under the split while the fused product still agrees")
+    return sides.Structural(None, "the fused product agrees and its parts do not: one side's weight rows are in an "
+                                  "order its split does not expect; compare each with the checkpoint to decide")
 
 
 def _common_parent(a: list[str], b: list[str]) -> str | None:
@@ -476,7 +474,7 @@ def _common_parent(a: list[str], b: list[str]) -> str | None:
     return ".".join(common) or None
 
 
-def _decide_inline_op(s: Suspect, f: dict, ev_info: dict) -> None:
+def _decide_inline_op(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     """Rule 6: an op with no module of its own changes the stream between two aligned modules."""
     _window(s, ev_info)
     prev, m = s.prev, s.m
@@ -485,11 +483,12 @@ def _decide_inline_op(s: Suspect, f: dict, ev_info: dict) -> None:
     ev_info["suspect_pair"] = _mini(m)
     ev_info["inline_in"] = parents
     f["op_module"] = None
-    f["side_reason"] = (f"no dumped module: the op is inline in {where}. The output of {_path_names(prev['train_modules'])}"
-                        f" / {_path_names(prev['rollout_modules'])} agrees, the input of "
-                        f"{_path_names(m['train_modules'])} / {_path_names(m['rollout_modules'])} does not, and "
-                        f"nothing is dumped between: one side computes something more or less in that forward "
-                        f"(a scale, a residual add, a cast); which side the dumps cannot say")
+    return sides.Structural(None, f"no dumped module: the op is inline in {where}. The output of "
+                                  f"{_path_names(prev['train_modules'])} / {_path_names(prev['rollout_modules'])} "
+                                  f"agrees, the input of {_path_names(m['train_modules'])} / "
+                                  f"{_path_names(m['rollout_modules'])} does not, and nothing is dumped between: one "
+                                  f"side computes something more or less in that forward (a scale, a residual add, "
+                                  f"a cast); which side the dumps cannot say")
 
 
 _DECIDE = {
@@ -524,18 +523,16 @@ def _op_before_observer(ev: Evidence, m: dict) -> dict | None:
     return None
 
 
-def _missing_or_extra(f: dict, ev_info: dict, op: dict, m: dict) -> dict:
+def _missing_or_extra(f: dict, ev_info: dict, op: dict, m: dict) -> sides.Structural:
     f["category"] = "missing_or_extra_op_between_aligned_boundary"
-    f["side"] = op["side"]
     f["missing_on"] = "train" if op["side"] == "rollout" else "rollout"
     f["op_module"] = op["module"]
-    f["side_reason"] = (f"{op['module']} exists only on the {op['side']} side between two aligned modules "
-                        f"whose boundary breaks; the naming profiles do not expect it there")
     f["train_module" if op["side"] == "train" else "rollout_module"] = op["module"]
     f["train_module" if op["side"] == "rollout" else "rollout_module"] = None
     ev_info["suspect_pair"] = _mini(m)
     ev_info["activation_like_clue"] = op["activation_like"]
-    return f
+    return sides.Structural(op["side"], f"{op['module']} exists only on the {op['side']} side between two aligned "
+                                        f"modules whose boundary breaks; the naming profiles do not expect it there")
 
 
 def confidence(s: Suspect, f: dict) -> tuple[float, list[str]]:
@@ -637,7 +634,7 @@ def run(ev: Evidence) -> Triage:
         fixes = sides.decide(ev, f, m)
         if found and rules.PROPAGATION.condition(s) and f["category"] != "parameter_or_checkpoint_issue":
             f["category"] = rules.PROPAGATION.category
-            f["side"] = "both"
+            f.update(sides.carried())
             f["rules_fired"] = f["rules_fired"] + [rules.PROPAGATION.id]
         f["confidence"], f["confidence_notes"] = confidence(s, f)
         f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
@@ -699,11 +696,12 @@ def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
         return None
     s.rule = rules.BEFORE_RANGE.id
     tokens = comp.get("tokens") or {}
-    f = {"category": rules.BEFORE_RANGE.category, "side": "undetermined",
+    f = {"category": rules.BEFORE_RANGE.category,
          "train_module": _path_names(entry["train_modules"]), "rollout_module": _path_names(entry["rollout_modules"]),
          "layer": entry["layer"], "role": entry["role"], "rules_fired": [rules.BEFORE_RANGE.id],
-         "side_reason": ("the first aligned modules in the dump already receive inputs that differ, so the cause "
-                         "lies before the dumped range; the dumps cannot say which side"),
+         **sides.from_structure(sides.Structural(None, "the first aligned modules in the dump already receive inputs "
+                                                       "that differ, so the cause lies before the dumped range; the "
+                                                       "dumps cannot say which side")),
          "evidence": {"pair": entry["pid"], "status": entry["status"], "input_status": entry["input_status"],
                       "parameter_status": entry["parameter_status"], "output_status": entry["output_status"],
                       "differing_points": [p["point"] for p in entry["points"]["in"] if p["status"] in DIVERGED],
@@ -734,7 +732,7 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
                  and x["input_status"] in DIVERGED and x["parameter_status"] not in DIVERGED][:2]
         for x in after:
             tri.other_candidates.append({
-                "category": "upstream_propagation", "side": "both",
+                "category": "upstream_propagation", **sides.carried(),
                 "train_module": _path_names(x["train_modules"]), "rollout_module": _path_names(x["rollout_modules"]),
                 "layer": x["layer"], "role": x["role"], "confidence": rules.PROPAGATION_EXAMPLE.base,
                 "confidence_word": credence.calibrated_word(rules.PROPAGATION_EXAMPLE.base,
