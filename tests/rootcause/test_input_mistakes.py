@@ -153,3 +153,11 @@ def test_a_folder_of_unrelated_dumps_is_not_read_as_pipeline_ranks(tmp_path):
     assert code == 2
     line = one_line(err)
     assert "not pipeline stages of one model" in line and "dumps of different runs, pass the one you mean" in line
+
+
+def test_the_compare_step_alone_names_an_out_dir_it_cannot_create(tmp_path):
+    code, _out, err = run("--train", STATS / "train", "--rollout", STATS / "rollout", "--out-dir", "/proc/compare-out",
+                          "--quiet", script=COMPARE)
+    assert code == 2
+    line = one_line(err)
+    assert line.startswith("error: /proc/compare-out: --out-dir cannot be created") and "internal error" not in line

@@ -146,7 +146,11 @@ def run(args: argparse.Namespace) -> dict:
     sources = {s: D.source_info(dumps[s], fams[s], inputs.side(s), layouts[s]) for s in dumps}
     sources["input_plan"] = plan_doc = inputs.to_json()
     partial = any(sources[s]["partial"] for s in SIDES)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: --out-dir cannot be created ({exc.strerror or type(exc).__name__}); "
+                         f"choose a writable folder") from None
     doc1, (h1, r1) = D.output_1(sources, recs)
     doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
     doc3, (h3, r3) = D.output_3(results, tolerances, mode,
