@@ -279,6 +279,12 @@ def test_engine_config_field_is_checked_as_config_json_is(tmp):
             "num_attention_heads", "at least 1")
 
 
+def test_config_number_too_long_to_read(tmp):
+    model = edited_model(tmp)
+    (model / "config.json").write_text('{"num_attention_heads": ' + "9" * 5000 + "}", encoding="utf-8")
+    refused(tmp, real_args(tmp, model), str(model / "config.json"), "a number too long to read")
+
+
 def findings(out: Path) -> tuple:
     """What a run found: the first divergence, the module statuses and what the reference forward did."""
     doc4 = json.loads((out / "output_4_module_analysis.json").read_text(encoding="utf-8"))

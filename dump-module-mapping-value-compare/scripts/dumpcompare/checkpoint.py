@@ -184,6 +184,8 @@ def read_config(path: str | Path) -> dict:
         raise InputError(f"{p}: not a JSON config ({exc.__class__.__name__})") from None
     except RecursionError:
         raise InputError(f"{p}: not a JSON config (nested too deeply)") from None
+    except ValueError:      # Python's integer-digit limit on a number literal
+        raise InputError(f"{p}: not a JSON config (a number too long to read)") from None
     if not isinstance(doc, dict):
         raise InputError(f"{p}: config is not a JSON object")
     return modelconfig.validate(doc, str(p))
