@@ -239,3 +239,69 @@ def test_naming_file_that_is_a_device_is_not_read_forever(tmp):
     shutil.copytree(PERTURBED, tmp / "rollout", dirs_exist_ok=True)
     refused(tmp, ["--train", "train", "--rollout", "rollout", "--naming", "/dev/zero"], "/dev/zero",
             "cannot read naming profile (it is a device or FIFO)")
+
+
+# ---------------------------------------------------------------------------------------------
+# item 2: config values of the wrong type or range are one input error naming config.json and the field
+
+TENSOR_PAIR = ROOT / "tests" / "data" / "real" / "llama_tp1_tensor_clean"
+
+
+def edited_model(tmp: Path, **fields) -> Path:
+    """MODEL copied to tmp with ``fields`` written over its config.json (NaN as JSON's NaN)."""
+    model = tmp / "model"
+    shutil.copytree(MODEL, model)
+    config = json.loads((MODEL / "config.json").read_text(encoding="utf-8"))
+    (model / "config.json").write_text(json.dumps({**config, **fields}), encoding="utf-8")
+    return model
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("num_attention_heads", float("nan"), "must be a whole number"),
+    ("num_attention_heads", "4", "must be a whole number"),
+    ("num_attention_heads", 0, "at least 1"),
+    ("num_attention_heads", -4, "at least 1"),
+    ("num_key_value_heads", True, "must be a whole number"),
+    ("hidden_size", [64], "must be a whole number"),
+    ("num_key_value_heads", 3, "does not divide"),
+    ("rms_norm_eps", float("inf"), "must be finite"),
+    ("rms_norm_eps", "1e-6", "must be a number"),
+    ("rope_parameters", {"rope_theta": float("nan"), "rope_type": "default"}, "must be finite"),
+])
+def test_config_field_of_the_wrong_type_or_range_is_an_input_error(tmp, field, value, problem):
+    model = edited_model(tmp, **{field: value})
+    refused(tmp, real_args(tmp, model), str(model / "config.json"), field, problem)
+
+
+def test_engine_config_field_is_checked_as_config_json_is(tmp):
+    (tmp / "engine.json").write_text(json.dumps({"num_attention_heads": -4}), encoding="utf-8")
+    refused(tmp, [*real_args(tmp, MODEL), "--rollout-config", "engine.json"], "engine.json",
+            "num_attention_heads", "at least 1")
+
+
+def test_config_number_too_long_to_read(tmp):
+    model = edited_model(tmp)
+    (model / "config.json").write_text('{"num_attention_heads": ' + "9" * 5000 + "}", encoding="utf-8")
+    refused(tmp, real_args(tmp, model), str(model / "config.json"), "a number too long to read")
+
+
+def findings(out: Path) -> tuple:
+    """What a run found: the first divergence, the module statuses and what the reference forward did."""
+    doc4 = json.loads((out / "output_4_module_analysis.json").read_text(encoding="utf-8"))
+    modules = [(str(m.get("train_modules")), m.get("status"), m.get("category"), m.get("side"))
+               for m in doc4["modules"]]
+    ref = doc4["reference_forward"]
+    return doc4["first_divergence"], modules, ref.get("ran"), ref.get("first_departure")
+
+
+@pytest.mark.parametrize("pair", [REAL, TENSOR_PAIR], ids=["statistics", "tensor"])
+def test_layer_count_far_above_the_tensors_uses_the_layers_present(tmp, pair):
+    model = edited_model(tmp, num_hidden_layers=10 ** 9)
+    runs = {}
+    for name, folder in (("edited", model), ("unedited", MODEL)):
+        args = ["--train", pair / "train", "--rollout", pair / "rollout", "--model", folder]
+        rc, _, err = run(*args, "--out-dir", tmp / name, "--quiet", cwd=tmp)
+        assert rc == 0 and "Traceback" not in err, err
+        runs[name] = findings(tmp / name)
+    assert runs["edited"] == runs["unedited"]
+    assert runs["unedited"][2] is (pair == TENSOR_PAIR)      # the tensor pair runs the reference forward

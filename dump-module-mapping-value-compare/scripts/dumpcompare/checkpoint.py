@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import modelconfig
 from .containment import kind
 from .errors import InputError
 from .tensorio import widen_bf16
@@ -167,7 +168,8 @@ def load(folder: str | Path) -> Checkpoint:
         if what != "file":
             raise InputError(f"{f}: a {what}, not a safetensors file")
         tensors.update(_header(f))
-    return Checkpoint(root, files, tensors, read_config(root / "config.json"))
+    config = modelconfig.trust_layers(read_config(root / "config.json"), modelconfig.layers_present(tensors))
+    return Checkpoint(root, files, tensors, config)
 
 
 def read_config(path: str | Path) -> dict:
@@ -182,9 +184,17 @@ def read_config(path: str | Path) -> dict:
         raise InputError(f"{p}: not a JSON config ({exc.__class__.__name__})") from None
     except RecursionError:
         raise InputError(f"{p}: not a JSON config (nested too deeply)") from None
+    except ValueError:      # Python's integer-digit limit on a number literal
+        raise InputError(f"{p}: not a JSON config (a number too long to read)") from None
     if not isinstance(doc, dict):
         raise InputError(f"{p}: config is not a JSON object")
-    return doc
+    return modelconfig.validate(doc, str(p))
+
+
+def side_config(ckpt: Checkpoint, path: str | Path) -> dict:
+    """An engine config laid over ``ckpt`` (``--train-config``/``--rollout-config``), read and
+    validated as config.json is, its layer count held to the layers the checkpoint's tensors hold."""
+    return modelconfig.trust_layers(read_config(path), modelconfig.layers_present(ckpt.tensors))
 
 
 def _check_readable(path: Path) -> None:

@@ -201,7 +201,7 @@ def _references(args: argparse.Namespace, namer: Namer) -> dict:
             loaded[folder] = checkpoint.load(folder)
         ckpt = loaded[folder]
         cfg_file = getattr(args, f"{s}_config")
-        config = checkpoint.read_config(cfg_file) if cfg_file else ckpt.config
+        config = checkpoint.side_config(ckpt, cfg_file) if cfg_file else ckpt.config
         if cfg_file and not config:
             raise InputError(f"{cfg_file}: --{s}-config is missing or empty")
         out[s] = reference.SideReference(ckpt, config, reference.index_points(ckpt, namer), args.reference_taken_as,

@@ -4,6 +4,24 @@ and the rotary values, wherever the transformers version put them (``rope_theta`
 level, or inside ``rope_parameters`` since transformers 5; ``rope_scaling`` before it)."""
 from __future__ import annotations
 
+import math
+import re
+
+from .errors import InputError
+
+# Sizes and counts the reference forward, the replays and the simulation turn into shapes, loop
+# bounds and divisors: each must be a whole number of at least 1, or of at least 0 where 0 means
+# "none" (no sliding window, no experts, windows from the first layer).
+POSITIVE_INTS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
+                 "max_position_embeddings", "num_experts_per_tok", "n_group", "topk_group", "decoder_sparse_step",
+                 "sliding_window_pattern")
+NON_NEGATIVE_INTS = ("max_window_layers", "sliding_window", "num_experts", "num_local_experts")
+# Values that enter the arithmetic as floats: finite, and > 0 where a zero would divide or vanish.
+POSITIVE_FLOATS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_theta", "rope_local_base_freq",
+                   "partial_rotary_factor", "routed_scaling_factor", "query_pre_attn_scalar")
+NON_NEGATIVE_FLOATS = ("attn_logit_softcapping", "final_logit_softcapping")
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
 
 def text_config(config: dict) -> dict:
     """The language model's config (a multimodal Gemma 3 nests it under ``text_config``)."""
@@ -82,3 +100,76 @@ def rope_type(config: dict) -> str:
     if not isinstance(scaling, dict):
         return str(scaling)
     return str(scaling.get("rope_type", scaling.get("type", "default")) or "default")
+
+
+def validate(config: dict, source: str) -> dict:
+    """``config`` when every field the package computes with is usable, else InputError naming
+    ``source`` and the field: a wrong type (a string, a bool, a list), NaN or inf, a count or size
+    below 1, or head counts that do not divide. Absent and null fields are left to the defaults."""
+    cfg = text_config(config)
+    for key in POSITIVE_INTS + NON_NEGATIVE_INTS:
+        _whole(cfg, key, source, 0 if key in NON_NEGATIVE_INTS else 1)
+    nested = rope_parameters(cfg) or {}
+    for key in POSITIVE_FLOATS + NON_NEGATIVE_FLOATS:
+        for where, src in ((key, cfg), (f"rope_parameters.{key}", nested)):
+            _real(src, key, where, source, key in POSITIVE_FLOATS)
+    heads, kv, hidden = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"), cfg.get("hidden_size")
+    if heads and kv and heads % kv:
+        raise InputError(f"{source}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    if heads and hidden and not cfg.get("head_dim") and hidden % heads:
+        raise InputError(f"{source}: num_attention_heads {heads} does not divide hidden_size {hidden} "
+                         "(and no head_dim is given)")
+    return config
+
+
+def _whole(cfg: dict, key: str, source: str, least: int) -> None:
+    value = cfg.get(key)
+    if value is None:
+        return
+    # bool is an int in Python; a float such as 4.0 is written by some exporters and is whole.
+    ok = not isinstance(value, bool) and (isinstance(value, int) or
+                                          (isinstance(value, float) and math.isfinite(value) and value.is_integer()))
+    if not ok:
+        raise InputError(f"{source}: {key} must be a whole number, not {_shown(value)}")
+    if value < least:
+        raise InputError(f"{source}: {key} must be at least {least}, not {_shown(value)}")
+
+
+def _real(src: dict, key: str, where: str, source: str, positive: bool) -> None:
+    value = src.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{source}: {where} must be a number, not {_shown(value)}")
+    if not math.isfinite(value):
+        raise InputError(f"{source}: {where} must be finite, not {value}")
+    if value < 0 or (positive and value == 0):
+        raise InputError(f"{source}: {where} must be {'above' if positive else 'at least'} 0, not {value}")
+
+
+def _shown(value) -> str:
+    """A config value for a one-line message: its type for containers, a short repr otherwise."""
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def layers_present(tensor_names) -> int:
+    """How many decoder layers a checkpoint's tensors hold (highest ``layers.N.`` index + 1)."""
+    found = (LAYER_INDEX.search(name) for name in tensor_names)
+    return max((int(m.group(1)) + 1 for m in found if m), default=0)
+
+
+def trust_layers(config: dict, present: int) -> dict:
+    """``config`` with ``num_hidden_layers`` lowered to the layers the tensors hold: a count above
+    them describes no weights, and the per-layer tables built from it would fill memory."""
+    nested = isinstance(config.get("text_config"), dict) and text_config(config) is not config
+    cfg = config["text_config"] if nested else config
+    count = cfg.get("num_hidden_layers")
+    if not isinstance(count, int) or count <= present:
+        return config
+    fixed = {**cfg, "num_hidden_layers": present}
+    if isinstance(cfg.get("layer_types"), list):
+        fixed["layer_types"] = cfg["layer_types"][:present]
+    return {**config, "text_config": fixed} if nested else fixed
