@@ -605,8 +605,10 @@ def _more_files(source: dict) -> str:
     return f" (+{n - 1} more: steps {source.get('steps')}, ranks {source.get('ranks')})" if n > 1 else ""
 
 
-def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None) -> str:
-    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5."""
+def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None, extra: str = "") -> str:
+    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5.
+    ``extra`` is a finished HTML fragment of the caller's (the root-cause skill's log-prob triage),
+    placed beside the log-prob section it belongs with."""
     lp = compare.get("logprob")
     logits = next((r for r in compare.get("results", []) if lp and r["cid"] == lp.get("cid")), None)
     # One row per side; a side read from several files (ranks, steps) shows how many.
@@ -618,6 +620,6 @@ def render(compare: dict, analysis: dict, sources: dict, root: dict | None = Non
             + answer_section(root, compare.get("mode"))
             + "<h2>Inputs</h2><table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
             f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
-            + logprob_section(lp, logits) + execution_section(compare, analysis, root)
+            + logprob_section(lp, logits) + extra + execution_section(compare, analysis, root)
             + reference_section(compare, analysis)
             + heatmap_section(compare) + verdict_section(analysis, root) + "</body></html>\n")

@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if logprobs:
             doc["logprob_triage"] = logprobs
         report.write(out, doc)
-        page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc)
-        if "logprob_triage" in doc:
-            page = page.replace("</body>", logprob_report.html_section(doc["logprob_triage"]) + "</body>", 1)
+        extra = logprob_report.html_section(doc["logprob_triage"]) if "logprob_triage" in doc else ""
+        page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc, extra)
         files.write_text(out / report.HTML, page)
     except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, input_checks.InputMistake,
             logprob_inputs.LogprobInputError, logprob_noise.NoiseBandError) as exc:
