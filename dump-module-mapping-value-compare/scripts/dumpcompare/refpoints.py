@@ -98,7 +98,7 @@ def _derive(arrays: dict, order: dict, n: int) -> None:
         put_point(arrays, order, f"{L}.act_out", gate * up)
 
 
-def _leaf_calls(leaf: Leaf) -> list[Stats]:
+def leaf_calls(leaf: Leaf) -> list[Stats]:
     rows = leaf.per_call if leaf.per_call is not None and len(leaf.per_call) > 1 else None
     if rows is None:
         return [Stats(leaf.max, leaf.min, leaf.mean, leaf.norm, leaf.numel, leaf.dtype)]
@@ -124,8 +124,66 @@ def _side_tensor(view, leaves: list[Leaf], n_parts: int) -> np.ndarray | None:
 
 
 def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolerances: dict,
-                use_tensors: bool) -> dict:
-    """``matches_reference`` of one side at one point, with the error and how it was measured."""
+                use_tensors: bool, call_ends: list[int] | None = None) -> dict:
+    """``matches_reference`` of one side at one point, with the error and how it was measured.
+
+    ``call_ends``: the token count after each of the side's forward calls (an engine's prefill,
+    then its decode calls). Where the side's leaves hold those calls one by one, each call is
+    judged on its own rows and the point departs when any call does: the statistics of a fault
+    that starts at a decode call, averaged with the calls before it, can fall below tolerance."""
+    per_call = call_groups(view, leaves, ref, call_ends, use_tensors) if call_ends and len(call_ends) > 1 else None
+    if per_call is None:
+        return _judge_whole(ref, view, leaves, n_parts, tolerances, use_tensors)
+    calls = []
+    for c, (group, rows) in enumerate(per_call):
+        j = _judge_whole(rows, view, group, n_parts, tolerances, use_tensors)
+        calls.append({"call": c, "matches_reference": j["matches_reference"], "error": j["error"]})
+        last = j
+    bad = [c for c in calls if c["matches_reference"] is False]
+    unknown = [c for c in calls if c["matches_reference"] not in (True, False)]
+    errs = [c["error"] for c in calls if c["error"] is not None]
+    value = False if bad else "unknown" if unknown else True
+    out = {"matches_reference": value, "error": max(errs) if errs else None, "tolerance": last["tolerance"],
+           "how": f"{last['how']}, per call", "calls": calls,
+           "first_call": bad[0]["call"] if bad else None}
+    if unknown and not bad:
+        out["detail"] = f"{len(unknown)} of {len(calls)} calls could not be judged"
+    return out
+
+
+def call_groups(view, leaves: list[Leaf], ref: np.ndarray, call_ends: list[int], use_tensors: bool):
+    """[(leaves of call c, reference rows of call c)] when the side's leaves hold its calls one by
+    one (stitched calls, or one leaf with a row of statistics per call); None otherwise. A call
+    holding one row of a point the reference holds for every token (the logits an engine keeps for
+    the sampled position) is held to the last row of its span."""
+    if call_ends[-1] != len(ref):
+        return None
+    starts = [0] + call_ends[:-1]
+    if len(leaves) == len(call_ends):
+        groups = [[lf] for lf in leaves]
+    elif len(leaves) == 1 and leaves[0].per_call is not None and len(leaves[0].per_call) == len(call_ends) \
+            and not use_tensors:
+        lf = leaves[0]
+        groups = [[Leaf(lf.name, lf.dtype, lf.shape, *[None if math.isnan(v) else float(v) for v in row])]
+                  for row in lf.per_call]
+    else:
+        return None
+    width = ref.shape[1]
+    out = []
+    for group, s, e in zip(groups, starts, call_ends):
+        n = sum(lf.numel or 0 for lf in group)
+        if n == (e - s) * width:
+            out.append((group, ref[s:e]))
+        elif n == width:
+            out.append((group, ref[e - 1:e]))
+        else:
+            return None
+    return out
+
+
+def _judge_whole(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolerances: dict,
+                 use_tensors: bool) -> dict:
+    """One judgement over all the leaves together (every call's rows as one tensor)."""
     dtype = dtype_key(leaves[0].dtype)
     side = _side_tensor(view, leaves, n_parts) if use_tensors else None
     if side is not None and side.size == ref.size:
@@ -137,7 +195,7 @@ def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
             # A fused layout orders each token's features its own way: compare the sorted rows.
             err, how = min(err, rel_error(np.sort(side, axis=1), np.sort(rounded, axis=1))), "tensor, rows sorted"
         return {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": how}
-    stats = combine([s for lf in leaves for s in _leaf_calls(lf)])
+    stats = combine([s for lf in leaves for s in leaf_calls(lf)])
     if stats.numel is not None and stats.numel != ref.size:
         return {"matches_reference": "unknown", "error": None, "tolerance": None, "how": "statistics",
                 "detail": f"the side holds {stats.numel} values, the reference {ref.size} (tokens or slice differ)"}
@@ -173,10 +231,13 @@ def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tens
         leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(p, side)]
         if ref is None or not leaves or None in leaves or all(lf.numel is None for lf in leaves):
             continue
+        # Calls are told apart only where the plan holds them one by one (stitched) or folded.
+        by_call = p.stitched == side or (len(leaves) == 1 and leaves[0].per_call is not None)
+        ends = call_ends if by_call or (call_ends and len(call_ends) == 1) else None
         held = sum((lf.numel or 0) * (len(lf.per_call) if lf.per_call is not None else 1) for lf in leaves)
-        if call_ends and held != ref.size and held == len(call_ends) * ref.shape[1] and call_ends[-1] == len(ref):
-            ref = ref[[e - 1 for e in call_ends]]
-        out[p.cid] = judge_point(ref, view, leaves, len(p.point.split("+")), tolerances, use_tensors)
+        if ends and len(ends) == 1 and held != ref.size and held == ref.shape[1] and ends[0] == len(ref):
+            ref, ends = ref[-1:], None      # one call, of which the side keeps the sampled row only
+        out[p.cid] = judge_point(ref, view, leaves, len(p.point.split("+")), tolerances, use_tensors, ends)
     return out
 
 
@@ -188,4 +249,5 @@ def departure(plans, judged: dict, run: RefRun) -> dict | None:
     first = min(bad, key=lambda p: (max(run.order.get(x, 1 << 30) for x in p.point.split("+")), p.cid))
     j = judged[first.cid]
     return {"cid": first.cid, "point": first.point, "layer": points.layer(first.point), "error": j["error"],
-            "tolerance": j["tolerance"], "how": j["how"]}
+            "tolerance": j["tolerance"], "how": j["how"], "call": j.get("first_call"),
+            "calls": len(j["calls"]) if j.get("calls") else None}

@@ -20,6 +20,7 @@ from . import modelconfig
 from .arrays import leaf_array
 from .compare.layout import interleave_parts
 from .points import layer as point_layer
+from .refparts import suspects
 from .refpoints import RefRun, compare_side, point_arrays
 from .replay.kernels import ACTS, EPS_GRID, ROPE_THETAS
 
@@ -129,7 +130,23 @@ def hypotheses(refmodel, ref, run: RefRun, ids, forward_dtype: str, dep: dict, p
     tried.sort(key=lambda t: (not t["reproduces"], t["residual"] if t["residual"] is not None else math.inf))
     return {"side": side, "layer": layer, "point": dep["point"], "baseline_error": base_err,
             "points": [p.point for p in at], "candidates": tried,
-            "reproduced_by": [t["candidate"] for t in tried if t["reproduces"]]}
+            "reproduced_by": [t["candidate"] for t in tried if t["reproduces"]],
+            "parts": _fused_parts(refmodel, ref, run, ids, forward_dtype, dep, plans, side, view, judged, namer,
+                                  call_ends, at) if dep["how"].startswith("statistics") else None}
+
+
+def _fused_parts(refmodel, ref, run: RefRun, ids, dtype: str, dep: dict, plans, side: str, view, judged: dict,
+                 namer, call_ends, at) -> dict | None:
+    """refparts.suspects at a fused departure point, on the layer's reference points (re-run from
+    the reference stream: the first run dropped them once judged)."""
+    plan = next((p for p in plans if p.cid == dep["cid"]), None)
+    if plan is None or "+" not in plan.point or dep["layer"] is None:
+        return None
+    leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(plan, side)]
+    if not leaves or None in leaves:
+        return None
+    clean = _simulate(refmodel, ref, run, ids, dtype, dep["layer"], {}, {}, namer, at)
+    return suspects(plan.point, clean.arrays, view, leaves, call_ends, judged[plan.cid]["tolerance"])
 
 
 def _simulate(refmodel, ref, run: RefRun, ids, dtype: str, layer: int | None, weights: dict, over: dict,

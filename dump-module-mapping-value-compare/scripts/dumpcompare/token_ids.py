@@ -229,24 +229,37 @@ def _known_ids(stats) -> list[int]:
 
 
 def _check_given(given: list[int], tok: list) -> TokenIds:
-    """The user's ids, checked against the count, Max and Min the dump recorded for its ids."""
-    calls = [s for lf in tok for s in _calls(lf)]
-    numel = sum(lf.numel * (len(lf.per_call) if lf.per_call is not None else 1) for lf in tok
-                if lf.numel is not None) if tok else None
-    if numel is not None and numel != len(given):
+    """The user's ids, checked against the count, Max and Min the dump recorded for its ids.
+
+    A side that ran fewer tokens than given ran their prefix: an engine's forward calls cover the
+    prompt and every sampled token but the last (it is returned, never fed back), and a dump that
+    stops early covers less. The prefix is taken only when every call's Max and Min hold it."""
+    counts = [(lf.numel, s) for lf in tok for s in _calls(lf)]
+    numel = sum(n for n, _s in counts if n is not None) if tok else None
+    if numel is not None and numel > len(given):
         return TokenIds(None, "given", False, f"--token-ids holds {len(given)} ids, the dump's ids tensor {numel}")
-    pos = 0
-    for lf in tok:
-        for s in _calls(lf):
-            part = given[pos:pos + (lf.numel or 0)]
-            pos += lf.numel or 0
-            if part and s[0] is not None and (max(part) != s[0] or min(part) != s[1]):
-                return TokenIds(None, "given", False,
-                                f"--token-ids disagree with the dump's ids statistics (Max {s[0]:g}, Min {s[1]:g} "
-                                f"vs {max(part)}, {min(part)})")
-    checked = " (count, Max and Min agree with the dump)" if calls else ""
-    return TokenIds(list(given), "given", True, f"{len(given)} token(s) given with --token-ids{checked}",
-                    [{"tokens": len(given), "ids": list(given), "how": "given", "unique": True}])
+    ids = list(given) if numel is None else list(given[:numel])
+    pos, calls = 0, []
+    for n, s in counts:
+        part = ids[pos:pos + (n or 0)]
+        pos += n or 0
+        if part and s[0] is not None and (max(part) != s[0] or min(part) != s[1]):
+            return TokenIds(None, "given", False,
+                            f"--token-ids disagree with the dump's ids statistics (Max {s[0]:g}, Min {s[1]:g} "
+                            f"vs {max(part)}, {min(part)})")
+        calls.append({"tokens": len(part), "ids": part, "how": "given", "unique": True})
+    if len(calls) < 2 or any(c["tokens"] == 0 for c in calls):
+        calls = [{"tokens": len(ids), "ids": ids, "how": "given", "unique": True}]
+    checked = " (count, Max and Min agree with the dump)" if counts else ""
+    if len(ids) < len(given):
+        dropped = len(given) - len(ids)
+        why = ("the last sampled token, which the engine returns and never feeds back" if dropped == 1
+               else "tokens this side's dump does not reach")
+        detail = (f"the first {len(ids)} of the {len(given)} ids given with --token-ids, in {len(calls)} call(s) "
+                  f"({dropped} left out: {why}){checked}")
+    else:
+        detail = f"{len(given)} token(s) given with --token-ids in {len(calls)} call(s){checked}"
+    return TokenIds(ids, "given", True, detail, calls)
 
 
 def side_carriers(plans, side: str, recs: list, leaves: list[dict]) -> dict:

@@ -11,6 +11,7 @@ from .folding import CallFolder
 from .generic import FORMAT_ID, entries_from_generic
 from .jsonstream import StreamState, iter_entries
 from .msprobe import ShapeError
+from .shared import attribute
 from .sglang_dumper import DumperPart, load_part
 
 _KNOWN_TOP = {"task", "level", "framework", "dump_data_dir", "data"}
@@ -61,6 +62,11 @@ def load_path(path: Path, fold: bool = True) -> Dump:
                 entries=entries, salvage=state.salvage, notes=notes, skipped_keys=skipped, folded=folded)
     dump.notes.extend(_header_notes(dump.task, dump.level))
     dump.construct = _read_construct(path.parent / "construct.json", dump)
+    dump.entries, shared = attribute(dump.entries, dump.construct)
+    if shared:
+        for i, e in enumerate(dump.entries):
+            e.order = i
+        dump.notes.extend(shared)
     return dump
 
 

@@ -95,6 +95,15 @@ def _call_entry(first: Entry, call: int, row) -> Entry:
     return replace(first, key=f"{first.key.rsplit('.', 1)[0]}.{call}", call=call, leaves=leaves, n_calls=1)
 
 
+def unfold(first: Entry) -> list[Entry]:
+    """The calls of a folded entry, each its own entry again (one call: the entry itself)."""
+    if first.n_calls <= 1:
+        return [first]
+    blank = (_NAN,) * 4
+    return [_call_entry(first, c, [v for lf in first.leaves for v in (
+        lf.per_call[c] if lf.per_call is not None else blank)]) for c in range(first.n_calls)]
+
+
 class CallFolder:
     """Receives a dump's ``(key, value)`` items in file order and builds its entries."""
 

@@ -1,0 +1,95 @@
+"""A module object shared by several numbered blocks, put back under the block that called it.
+
+vLLM builds one rotary-embedding object per distinct rope setting and hands the same object to
+every decoder layer (its rope cache), so the module tree holds it under each layer but msprobe
+registers it once, under its first path (``model.layers.0.self_attn.rotary_emb``), and numbers its
+calls across all layers: call = forward call x layers + layer. The layer that made a call is only
+in ``construct.json``, which names each call's parent. A call whose parent is the same place in
+another numbered block (``model.layers.1.self_attn`` for ``model.layers.0.self_attn``) is renamed
+under that parent, with its call counted per new path, so the mapping sees one rotary module per
+layer, as in an engine that does not share it. Any other parent that is not the path's own is left
+alone: only a shared object reused at the same place in several blocks is moved.
+Why: references/input_formats.md ("Shared modules").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from ..records import FORWARD, Entry
+from .folding import unfold
+from .msprobe import parse_key
+
+_NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def _shape(path: str) -> str:
+    return _NUMBER.sub("#", path)
+
+
+def _caller(e: Entry, construct: dict) -> str | None:
+    """The path of the block that called ``e`` when it is not ``e``'s own parent path but the same
+    place in another numbered block; None otherwise."""
+    parent = construct.get(e.key)
+    parsed = parse_key(parent) if isinstance(parent, str) else None
+    if parsed is None or parsed[0] != "module" or "." not in e.raw_path:
+        return None
+    own = e.raw_path.rsplit(".", 1)[0]
+    path = parsed[1]
+    return path if path != own and _shape(path) == _shape(own) else None
+
+
+def attribute(entries: list[Entry], construct: dict | None) -> tuple[list[Entry], list[str]]:
+    """(entries with each shared module's calls under their calling block, notes)."""
+    if not construct:
+        return entries, []
+    seen: dict[tuple, int] = {}
+    moved: dict[str, set] = {}
+    out, placed = [], []        # placed: (moved entry, key of the parent it goes before)
+    for e in entries:
+        folded = e.kind == "module" and e.direction == FORWARD and e.n_calls > 1 and _folded_shared(e, construct)
+        for c in unfold(e) if folded else [e]:
+            caller = _caller(c, construct) if c.kind == "module" and c.direction == FORWARD else None
+            if caller is None:
+                out.append(c)
+                continue
+            path = f"{caller}.{c.raw_path.rsplit('.', 1)[1]}"
+            n = seen.get((path, c.cls), 0)
+            seen[(path, c.cls)] = n + 1
+            moved.setdefault(c.raw_path, set()).add(caller)
+            new = replace(c, key=f"Module.{path}.{c.cls}.{c.direction}.{n}", raw_path=path, call=n)
+            # A folded entry stands where its first call ran; each later call goes right before the
+            # block that called it (a module completes before its parent, as msprobe writes them).
+            if folded:
+                placed.append((new, construct[c.key]))
+            else:
+                out.append(new)
+    if not moved:
+        return entries, []
+    for new, parent in placed:
+        at = next((i for i, x in enumerate(out) if x.key == parent), len(out))
+        out.insert(at, new)
+    notes = [f"{src} is one module object shared by {len(dst)} other block(s) (msprobe names it once); its calls "
+             f"were put under the block that made each, from construct.json" for src, dst in sorted(moved.items())]
+    # The calls left at the shared path count up from 0 again.
+    return _renumber(out, set(moved)), notes
+
+
+def _folded_shared(e: Entry, construct: dict) -> bool:
+    """A folded entry some of whose calls another block made."""
+    base = e.key.rsplit(".", 1)[0]
+    return any(_caller(replace(e, key=f"{base}.{c}"), construct) for c in range(1, e.n_calls))
+
+
+def _renumber(entries: list[Entry], paths: set) -> list[Entry]:
+    count: dict[tuple, int] = {}
+    out = []
+    for e in entries:
+        if e.kind != "module" or e.raw_path not in paths:
+            out.append(e)
+            continue
+        k = (e.raw_path, e.cls, e.direction)
+        n = count.get(k, 0)
+        count[k] = n + 1
+        out.append(e if n == e.call else replace(e, key=f"{e.key.rsplit('.', 1)[0]}.{n}", call=n))
+    return out

@@ -1,0 +1,81 @@
+"""Which part of a fused output departs from the reference, from statistics alone.
+
+A fused engine module (vLLM's qkv_proj, gate_up_proj) writes one output whose statistics cover
+all its parts, while the trainer's modules and the reference compute each part on its own. When
+such an output departs, "only part X is wrong" predicts that every other part still equals the
+reference. The fused statistics must then contain those parts: Max at least their Max, Min at
+most their Min, Norm^2 at least the sum of their Norm^2, and what is left for X (its sum and its
+Norm^2, by difference) must be a possible tensor of X's size (|sum| <= sqrt(n) * norm, and the
+sum within n * [Min, Max]). Each engine call gives these tests again on its own rows. A part
+whose hypothesis breaks any of them beyond tolerance is ruled out; the parts that remain are the
+suspects. The tests only rule out, never prove: several parts can remain.
+Why: references/reference_forward_evidence.md ("Which part of a fused output").
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .arrays import to_dtype
+from .compare.stats import combine
+from .dtypes import dtype_key
+from .refpoints import call_groups, leaf_calls
+
+
+def _ref(a: np.ndarray, dtype: str) -> dict:
+    w = to_dtype(a, dtype).astype(np.float64)
+    return {"max": float(w.max()), "min": float(w.min()), "sum": float(w.sum()), "sq": float(np.sum(w * w)),
+            "n": int(w.size)}
+
+
+def _broken(stats, others: list[dict], n_x: int, tol: float) -> str | None:
+    """Why the side's statistics ``stats`` cannot hold ``others`` unchanged plus some part of
+    ``n_x`` values (None when they can)."""
+    scale = max(abs(stats.max), abs(stats.min), 1e-30)
+    if stats.max < max(o["max"] for o in others) - tol * scale:
+        return "its Max is below an unchanged part's Max"
+    if stats.min > min(o["min"] for o in others) + tol * scale:
+        return "its Min is above an unchanged part's Min"
+    sq = stats.norm ** 2
+    rest_sq = sq - sum(o["sq"] for o in others)
+    if rest_sq < -2 * tol * sq:
+        return "its Norm is below what the unchanged parts alone hold"
+    rest_sq = max(rest_sq, 0.0)
+    n = stats.numel
+    rest_sum = stats.mean * n - sum(o["sum"] for o in others)
+    slack = 2 * tol * math.sqrt(sq * n)      # the Mean's tolerance, as a sum over the tensor
+    if abs(rest_sum) > math.sqrt(n_x * rest_sq) + slack:
+        return "the part's sum left by the Mean exceeds what its Norm allows"
+    if not (n_x * stats.min - slack <= rest_sum <= n_x * stats.max + slack):
+        return "the part's sum left by the Mean is outside its size times Min..Max"
+    return None
+
+
+def suspects(point: str, arrays: dict, view, leaves, call_ends: list[int] | None, tolerance: float) -> dict | None:
+    """``{"parts": {part: reason ruled out or None}, "suspects": [parts not ruled out]}`` for a
+    fused ``point`` that one side holds as one output; None where the test does not apply (one
+    part, a part the reference lacks, statistics missing)."""
+    parts = point.split("+")
+    refs = [arrays.get(p) for p in parts]
+    if len(parts) < 2 or any(r is None for r in refs) or len({r.shape[0] for r in refs}) != 1:
+        return None
+    whole = np.concatenate(refs, axis=1)
+    ends = call_ends if call_ends else [whole.shape[0]]
+    groups = call_groups(view, leaves, whole, ends, False) if len(ends) > 1 else None
+    if groups is None:
+        groups = [(leaves, whole)]
+    dtype = dtype_key(leaves[0].dtype)
+    widths = np.cumsum([r.shape[1] for r in refs])[:-1]
+    out: dict[str, str | None] = {p: None for p in parts}
+    for c, (group, rows) in enumerate(groups):
+        stats = combine([s for lf in group for s in leaf_calls(lf)])
+        if None in (stats.max, stats.min, stats.mean, stats.norm, stats.numel) or stats.numel != rows.size:
+            return None
+        pieces = [_ref(a, dtype) for a in np.split(rows, widths, axis=1)]
+        for i, p in enumerate(parts):
+            if out[p] is None:
+                why = _broken(stats, pieces[:i] + pieces[i + 1:], pieces[i]["n"], tolerance)
+                if why:
+                    out[p] = why + (f" (call {c})" if len(groups) > 1 else "")
+    return {"parts": out, "suspects": [p for p in parts if out[p] is None]}
