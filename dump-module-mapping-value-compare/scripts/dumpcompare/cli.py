@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> dict:
     namer = Namer(load_profiles(args.naming))
     tolerances = load_tolerances(args.tolerances)
     refs = _references(args, namer)
+    counts = {r.config.get("num_hidden_layers") for r in refs.values() if r is not None}
+    if len(counts) == 1 and isinstance(n := counts.pop(), int):
+        namer = Namer(namer.p, model_layers=n)
     given = token_ids.parse_given(args.token_ids)
     if args.reference_forward and not any(refs.values()):
         raise InputError("--reference-forward needs --model (or --train-model/--rollout-model)")

@@ -246,7 +246,10 @@ def departure(plans, judged: dict, run: RefRun) -> dict | None:
     bad = [p for p in plans if judged.get(p.cid, {}).get("matches_reference") is False]
     if not bad:
         return None
-    first = min(bad, key=lambda p: (max(run.order.get(x, 1 << 30) for x in p.point.split("+")), p.cid))
+    # At one place in the forward a part (v, as the attention receives it) names the fault more
+    # closely than the fused output that ends with it.
+    first = min(bad, key=lambda p: (max(run.order.get(x, 1 << 30) for x in p.point.split("+")),
+                                    p.point.count("+"), p.cid))
     j = judged[first.cid]
     return {"cid": first.cid, "point": first.point, "layer": points.layer(first.point), "error": j["error"],
             "tolerance": j["tolerance"], "how": j["how"], "call": j.get("first_call"),

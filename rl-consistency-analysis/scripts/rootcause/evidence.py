@@ -58,6 +58,7 @@ class Evidence:
     results: dict[str, dict] = field(default_factory=dict)     # cid -> output_3 result
     one_sided: dict[tuple[str, str], dict] = field(default_factory=dict)   # (side, key) -> output_4 one-sided
     sources: dict = field(default_factory=dict)                # output_1 sources: what each side read
+    key_rows: dict = field(default_factory=dict)               # output_1 per side: each module call and its ports
 
     @property
     def mode(self) -> str:
@@ -103,7 +104,9 @@ def load(out_dir: Path) -> Evidence:
     for i, m in enumerate(ev.analysis["modules"]):
         if not isinstance(m["points"], dict) or not {"in", "param", "out"} <= set(m["points"]):
             raise EvidenceError(f"{paths[2]}: modules[{i}].points needs in, param and out lists")
-    ev.sources = _read(out_dir / "output_1_key_mapping.json").get("sources") or {}
+    doc1 = _read(out_dir / "output_1_key_mapping.json")
+    ev.sources = doc1.get("sources") or {}
+    ev.key_rows = {s: doc1.get(s) if isinstance(doc1.get(s), list) else [] for s in ("train", "rollout")}
     ev.modules = ev.analysis.get("modules", [])
     ev.pos = {m["pid"]: i for i, m in enumerate(ev.modules)}
     ev.results = {r["cid"]: r for r in ev.compare.get("results", [])}

@@ -134,3 +134,23 @@ def by_id(rule_id: str) -> Rule:
 def adjustments(suspect) -> list[Adjustment]:
     """The adjustments that hold for a classified suspect, in table order."""
     return [a for a in ADJUSTMENTS if a.condition(suspect)]
+
+# Findings from the reference forward (departures.py): where one side's own values first leave a
+# forward of the checkpoint over that side's tokens, judged call by call in that side's layout. The
+# first row whose condition holds decides; the facts are departures.Departure's.
+DEPARTURE_RULES = (
+    Rule("reference_weight_differs", "parameter_or_checkpoint_issue", 0.9, lambda d: d.weight_differs,
+         "the departing side's own weight of the module differs from the checkpoint"),
+    Rule("reference_simulated_layout", "parameter_or_checkpoint_issue", 0.85, lambda d: d.reproduced_by("layout", "weight"),
+         "a weight layout or the side's own weight, injected into the reference, reproduces the side"),
+    Rule("reference_simulated_config", "in_module_impl_difference", 0.85, lambda d: d.reproduced_by("config"),
+         "a config value, injected into the reference, reproduces the side"),
+    Rule("reference_simulated_precision", "in_module_impl_difference", 0.7, lambda d: d.reproduced_by("dtype"),
+         "the reference in the other precision reproduces the side"),
+    Rule("reference_unseen_weight", "parameter_or_checkpoint_issue", 0.7, lambda d: d.weight_unseen,
+         "the module's input matches the reference and its output does not, its weight is not in the dump and "
+         "no layout, config or precision candidate reproduces it: its own weight changed"),
+    Rule("reference_departs_in_module", "in_module_impl_difference", 0.6, lambda d: True,
+         "the module's weights match the checkpoint (or it has none) and its output departs: it computes "
+         "differently, by no candidate the simulation tries"),
+)

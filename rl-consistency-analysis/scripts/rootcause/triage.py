@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from . import credence, hypotheses, moe, rules, sides
+from . import credence, departures, hypotheses, moe, rules, sides
 from .evidence import CLEAN, DIVERGED, Evidence
 
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
@@ -617,10 +617,10 @@ def run(ev: Evidence) -> Triage:
     tri.precision = precision_profile(ev)
     if ev.analysis.get("partial"):
         tri.notes.append("partial analysis: at least one dump was damaged and only its readable part was used")
+    ref_found, ref_notes = departures.findings(ev)
+    tri.notes += ref_notes
     if not comp.get("comparable", True):
-        tri.verdict = "inconclusive"
-        tri.notes += [f"not comparable: {r}" for r in comp.get("reasons", [])]
-        return tri
+        return _from_reference_only(ev, tri, comp, ref_found)
     found: list[tuple[dict, dict]] = []
     for m in candidates(ev):
         s = Suspect(ev, m)
@@ -644,6 +644,7 @@ def run(ev: Evidence) -> Triage:
             tri.other_candidates.append(f)
         else:
             found.append((f, m))
+    found = _with_reference(ev, found, ref_found)
     if not found:
         entry = _before_range(ev, comp)
         if entry is not None:
@@ -670,11 +671,53 @@ def run(ev: Evidence) -> Triage:
                          "see output_4 for the first divergence")
     if tri.verdict == "no_credible_divergence" and ev.analysis.get("partial"):
         tri.verdict = "inconclusive"
-    if tri.verdict == "no_credible_divergence" and _no_activation_compared(comp):
+    if tri.verdict == "no_credible_divergence" and _no_activation_compared(comp) \
+            and (n := departures.all_match(ev)) is not None:
+        tri.notes.append(f"the two dumps' activations were not compared with each other, but both sides match the "
+                         f"reference forward of the checkpoint at all {n} compared points, each call on its own rows")
+    elif tri.verdict == "no_credible_divergence" and _no_activation_compared(comp):
         tri.verdict = "inconclusive"
         why = comp["activations"].get("main_reason")
         tri.notes.append("no activation of the two sides was compared, only parameters: this is not an all-clear"
                          + (f" (most activations were left out because {why})" if why else ""))
+    _drop_reported(tri)
+    return tri
+
+
+def _with_reference(ev: Evidence, found: list[tuple[dict, dict]], ref_found: list[dict]) -> list[tuple[dict, dict]]:
+    """The triage's findings with the reference forward's: at the same pair the reference finding
+    stands in for the triage's (it held each side against the checkpoint call by call, tried the
+    candidate faults and names the part of a fused module), keeping what the triage saw between the
+    sides in its evidence; a departure at another pair is a finding of its own."""
+    out = list(found)
+    for rf in ref_found:
+        pid = rf["evidence"]["pair"]
+        same = next((i for i, (f, m) in enumerate(out) if m["pid"] == pid), None)
+        if same is not None:
+            f = out[same][0]
+            rf["evidence"]["between_sides"] = {"category": f["category"], "rules_fired": f["rules_fired"],
+                                               "differing_points": f["evidence"].get("differing_points")}
+            out[same] = (rf, out[same][1])
+        else:
+            out.append((rf, ev.pair(pid)))
+    return out
+
+
+def _from_reference_only(ev: Evidence, tri: Triage, comp: dict, ref_found: list[dict]) -> Triage:
+    """The verdict when the two dumps cannot be compared with each other: from each side held
+    against the reference forward where it ran on both, else inconclusive."""
+    between = "; ".join(comp.get("reasons", [])) or "see output_4 comparability"
+    if ref_found:
+        tri.verdict, tri.root_causes = "root_cause_found", ref_found
+        tri.notes.append(f"the two dumps were not compared with each other ({between}); the finding comes from "
+                         "each side held against the reference forward of the checkpoint")
+    elif (n := departures.all_match(ev)) is not None:
+        tri.verdict = "no_credible_divergence"
+        tri.notes.append(f"both sides match the reference forward of the checkpoint at all {n} compared points, each "
+                         f"call on its own rows; the two dumps were not compared with each other ({between})")
+    else:
+        tri.verdict = "inconclusive"
+        tri.notes += [f"not comparable: {r}" for r in comp.get("reasons", [])]
     _drop_reported(tri)
     return tri
 

@@ -107,8 +107,11 @@ def _at_keys(doc, keys: tuple, where: str):
 class Namer:
     """Applies one merged profile to the entries of one side."""
 
-    def __init__(self, profiles: dict):
+    def __init__(self, profiles: dict, model_layers: int | None = None):
         self.p = profiles
+        # The checkpoint's layer count (--model), when known: the final norm follows the model's last
+        # layer, which a dump of a layer range (msprobe's scope) does not reach.
+        self.model_layers = model_layers
         w = profiles.get("wrappers", {})
         self.wrap_segments = set(w.get("segments", []))
         self.lead_segments = set(w.get("leading_segments", []))
@@ -318,6 +321,8 @@ def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) ->
                                  is_wrapper=is_wrapper, calls=e.n_calls))
     layers = [r.layer for r in recs if r.layer is not None and r.kind == "module"]
     last_layer = max(layers) if layers else None
+    if namer.model_layers and (last_layer is None or namer.model_layers - 1 > last_layer):
+        last_layer = namer.model_layers - 1
     layer_roles = {(r.layer, r.role): r.cls for r in recs if r.direction == FORWARD and r.role}
     for r, e in zip(recs, dump.entries):
         if r.kind == "module" and r.direction == FORWARD:

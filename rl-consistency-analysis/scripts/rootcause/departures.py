@@ -1,0 +1,170 @@
+"""Findings from the reference forward: where a side first leaves the checkpoint's own forward.
+
+The compare step runs a numpy forward of the checkpoint over each side's tokens and judges every
+planned activation of that side against it, each engine call on its own rows (output_4
+``reference_forward``; the per-point records in output_3). Where one side departs and the other
+matches, the departure is a finding even when the two dumps cannot be compared with each other
+(a trainer's one forward over prompt + response against an engine's prefill and decode calls,
+in statistics mode). The module is the one that produces the departing point on each side (the
+part the statistics leave as the only suspect, for a fused output); the category is decided by the
+table ``rules.DEPARTURE_RULES`` and the side by sides.py. Why: references/analysis_rules.md
+("Findings from the reference forward").
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+from . import credence, hypotheses, rules, sides
+from .evidence import Evidence
+
+SIDES = ("train", "rollout")
+
+
+class Departure:
+    """The facts of one side's departure that the rows of ``rules.DEPARTURE_RULES`` read."""
+
+    def __init__(self, ev: Evidence, side: str, dep: dict, hyp: dict | None, m: dict, point: str):
+        self.ev, self.side, self.dep, self.hyp, self.m, self.point = ev, side, dep, hyp or {}, m, point
+
+    @cached_property
+    def own_parameters(self) -> list[dict]:
+        """The side's reference judgement of each parameter of the pair (of the suspect part only,
+        when a part of a fused output is the suspect)."""
+        part = self.point if self.point != self.dep["point"] else None
+        out = []
+        for p in self.m["points"]["param"]:
+            if part and not p["point"].startswith(part + "."):
+                continue
+            r = self.ev.results.get(p.get("cid")) or {}
+            rec = (r.get("reference") or {}).get(self.side)
+            if rec is not None:
+                out.append({"point": p["point"], **rec})
+        return out
+
+    @property
+    def weight_differs(self) -> bool:
+        return any(p.get("matches_reference") is False for p in self.own_parameters)
+
+    @property
+    def has_parameters(self) -> bool:
+        return bool(self.m["points"]["param"])
+
+    @property
+    def weight_unseen(self) -> bool:
+        """The module holds weights and none of the side's copies was seen to equal the checkpoint."""
+        return self.has_parameters and not any(p.get("matches_reference") is True for p in self.own_parameters)
+
+    def reproduced_by(self, *kinds: str) -> bool:
+        return any(c.get("reproduces") and c.get("kind") in kinds for c in self.hyp.get("candidates") or [])
+
+    @property
+    def reproducing(self) -> list[str]:
+        return list(self.hyp.get("reproduced_by") or [])
+
+
+def _deepest(paths: list[str]) -> list[str]:
+    """The innermost of the modules producing one point (o_proj rather than the attention block
+    that returns its output)."""
+    if not paths:
+        return []
+    depth = max(p.count(".") for p in paths)
+    return [p for p in paths if p.count(".") == depth]
+
+
+def _producers(ev: Evidence, side: str, point: str) -> list[str]:
+    """Modules of ``side`` whose output is ``point``, or a fused output holding it as a part."""
+    exact, fused = [], []
+    for row in ev.key_rows.get(side) or []:
+        for port in row.get("ports") or []:
+            if port.get("io") != "out":
+                continue
+            if port.get("point") == point:
+                exact.append(row["path"])
+            elif point in (port.get("point") or "").split("+"):
+                fused.append(row["path"])
+    return sorted(set(_deepest(exact or fused)))
+
+
+def _pair_of(ev: Evidence, cid: str, point: str) -> dict | None:
+    """The module pair whose outputs hold the departing comparison (or the point)."""
+    by_cid = next((m for m in ev.modules if not m["is_container"]
+                   and any(p.get("cid") == cid for p in m["points"]["out"])), None)
+    return by_cid or next((m for m in ev.modules if not m["is_container"]
+                           and any(point in p["point"].split("+") for p in m["points"]["out"])), None)
+
+
+def _names(paths: list[str]):
+    return None if not paths else paths[0] if len(paths) == 1 else paths
+
+
+def _input_judged(ev: Evidence, m: dict, side: str) -> bool | None:
+    """Whether the pair's inputs, as the side holds them, match the reference (None: not judged)."""
+    points = (ev.compare.get("reference_forward") or {}).get("points") or {}
+    seen = [(points.get(p.get("cid")) or {}).get(side, {}).get("matches_reference") for p in m["points"]["in"]]
+    seen = [v for v in seen if v in (True, False)]
+    return None if not seen else all(seen)
+
+
+def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | None:
+    parts = (hyp or {}).get("parts") or {}
+    suspects = parts.get("suspects") or []
+    point = suspects[0] if len(suspects) == 1 else dep["point"]
+    m = _pair_of(ev, dep["cid"], point)
+    if m is None:
+        return None
+    d = Departure(ev, side, dep, hyp, m, point)
+    rule = next(r for r in rules.DEPARTURE_RULES if r.condition(d))
+    names = {s: _producers(ev, s, point) or list(m[f"{s}_modules"]) for s in SIDES}
+    evidence = {
+        "pair": m["pid"], "finding_pair": m["pid"], "departure": dep, "departing_point": point,
+        "first_call": dep.get("call"), "calls": dep.get("calls"),
+        "inputs_match_reference": _input_judged(ev, m, side),
+        "own_parameters": d.own_parameters, "reproduced_by": d.reproducing,
+        "candidates_tried": len((hyp or {}).get("candidates") or []),
+        "fused_parts": parts.get("parts") if parts else None,
+    }
+    if rule.id == "reference_unseen_weight":
+        evidence["weight_visible"] = False
+    f = {"category": rule.category, "train_module": _names(names["train"]), "rollout_module": _names(names["rollout"]),
+         "layer": m.get("layer"), "role": m.get("role"), "evidence": evidence, "rules_fired": [rule.id]}
+    f.update(sides.from_structure(sides.Structural(None, f"the {side} side leaves the reference forward at "
+                                                         f"{dep['point']}")))
+    fixes = sides.decide(ev, f, m)
+    conf, notes = rule.base, []
+    if evidence["inputs_match_reference"] is None and rule.id == "reference_unseen_weight":
+        conf -= 0.1
+        notes.append("the module's input was not compared with the reference: an op before it is as possible")
+    if len(suspects) > 1:
+        notes.append(f"the statistics leave {len(suspects)} parts of the fused output as suspects")
+    f["confidence"], f["confidence_notes"] = credence.clamp(conf), notes
+    f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
+    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+    f["next_checks"] = fixes + f["next_checks"]
+    return f
+
+
+def findings(ev: Evidence) -> tuple[list[dict], list[str]]:
+    """(findings, notes) from the reference forward's departures: one per side that departs where the
+    other does not depart at the same point; none when it did not run on both sides."""
+    rf = ev.analysis.get("reference_forward") or {}
+    ran = {s: v for s, v in (rf.get("sides") or {}).items() if s in SIDES and v.get("ran")}
+    if len(ran) < 2:
+        return [], []
+    deps = {s: v["departure"] for s, v in ran.items() if v.get("departure")}
+    if len(deps) == 2 and deps["train"]["point"] == deps["rollout"]["point"]:
+        return [], [f"both sides leave the reference forward at {deps['train']['point']}: the checkpoint, its "
+                    "config or the token ids are probably not what the engines ran"]
+    hyps = {h.get("side"): h for h in rf.get("hypotheses") or []}
+    out = [f for s in SIDES if s in deps for f in [_finding(ev, s, deps[s], hyps.get(s))] if f is not None]
+    out.sort(key=lambda f: (f["layer"] is None, f["layer"] if f["layer"] is not None else 0))
+    return out, []
+
+
+def all_match(ev: Evidence) -> int | None:
+    """The number of points at which both sides match the reference everywhere, or None when the
+    forward did not run on both sides or a side departs or left points unjudged."""
+    rf = ev.analysis.get("reference_forward") or {}
+    ran = [v for s, v in (rf.get("sides") or {}).items() if s in SIDES and v.get("ran")]
+    if len(ran) < 2 or not all(v.get("matches_everywhere") for v in ran):
+        return None
+    return min(v.get("points") or 0 for v in ran) or None
