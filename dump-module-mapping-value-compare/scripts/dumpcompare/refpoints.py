@@ -92,10 +92,19 @@ def _derive(arrays: dict, order: dict, n: int) -> None:
     stream = arrays.get("L0.resid_in" if n == 0 else f"L{n - 1}.resid_out")
     attn = arrays.get(f"{L}.attn_out_normed", arrays.get(f"{L}.attn_out"))
     if stream is not None and attn is not None and stream.shape == attn.shape:
-        put_point(arrays, order, f"{L}.resid_mid", stream + attn)
+        _put_derived(arrays, order, f"{L}.resid_mid", stream + attn, (f"{L}.attn_out_normed", f"{L}.attn_out"))
     gate, up = arrays.get(f"{L}.act_gate"), arrays.get(f"{L}.up")
     if gate is not None and up is not None and gate.shape == up.shape:
-        put_point(arrays, order, f"{L}.act_out", gate * up)
+        _put_derived(arrays, order, f"{L}.act_out", gate * up, (f"{L}.act_gate", f"{L}.up"))
+
+
+def _put_derived(arrays: dict, order: dict, point: str, arr: np.ndarray, sources: tuple) -> None:
+    """A derived point, placed in the forward's order right after the last point it is made of
+    (it is named after the whole layer, but a module that consumes it runs before the layer ends)."""
+    fresh = point not in arrays
+    put_point(arrays, order, point, arr)
+    if fresh:
+        order[point] = max(order[s] for s in sources if s in order) + 0.5
 
 
 def leaf_calls(leaf: Leaf) -> list[Stats]:
