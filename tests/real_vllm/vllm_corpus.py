@@ -53,13 +53,26 @@ def got(doc):
         return {"verdict": "error"}
     rc = (doc.get("root_causes") or [None])[0] or {}
     return {"verdict": doc.get("verdict"), "category": rc.get("category"),
-            "module": rc.get("rollout_module") or rc.get("train_module"), "side": rc.get("side")}
+            "module": rc.get("rollout_module") or rc.get("train_module"), "side": rc.get("side"),
+            "from_call": (rc.get("evidence") or {}).get("first_call")}
+
+
+def _call_disagreement(expected, doc):
+    """A finding that names the forward call it starts from must name the injected one."""
+    rc = ((doc or {}).get("root_causes") or [None])[0] or {}
+    ev = rc.get("evidence") or {}
+    if expected.get("from_call") is None or "first_call" not in ev or ev["first_call"] == expected["from_call"]:
+        return []
+    return [f"from call {ev['first_call']}"]
 
 
 def judge(name, variant, out):
     """Run one variant into ``out``: (list of disagreements with ``expected``, what the report said)."""
     code, stderr, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", out, *_options(name, variant))
-    return disagreements(case_doc(name)["expected"], code, stderr, doc), (
+    expected = case_doc(name)["expected"]
+    wrong = disagreements(expected, code, stderr, doc)
+    wrong += _call_disagreement(expected, doc) if not wrong else []
+    return wrong, (
         got(doc) if doc is not None else {"verdict": f"exit {code}", "error": stderr.splitlines()[-1:]})
 
 

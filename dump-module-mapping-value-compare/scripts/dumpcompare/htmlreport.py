@@ -511,9 +511,10 @@ def answer_section(root: dict | None, mode: str | None) -> str:
     out.append(f"<p class=\"verdict\"><b>Verdict:</b> {text(a.get('verdict'))}</p>")
     rc = a.get("root_cause")
     if rc:
+        where = f"{rc.get('where')}, layer {rc.get('layer')}" + (f", {rc['when']}" if rc.get("when") else "")
         out.append("<table class=\"answer\">" + "".join(
             f"<tr><th>{label}</th><td>{text(v)}</td></tr>" for label, v in (
-                ("root cause", rc.get("what")), ("where", f"{rc.get('where')}, layer {rc.get('layer')}"),
+                ("root cause", rc.get("what")), ("where", where),
                 ("side", rc.get("side")), ("why this side", rc.get("why_this_side")),
                 ("confidence", rc.get("confidence")))) + "</table>")
     checks = a.get("next_checks") or []

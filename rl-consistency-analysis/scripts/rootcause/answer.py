@@ -69,6 +69,16 @@ def _decide_side(top: dict, argv: list[str]) -> dict | None:
                      "against it, and the one that departs is named", "command": cmd}
 
 
+def _when(top: dict) -> str | None:
+    """From which forward call of a generation the finding's side departs (None for one call)."""
+    ev = top.get("evidence") or {}
+    call, calls = ev.get("first_call"), ev.get("calls")
+    if call is None or not calls or calls < 2:
+        return None
+    which = "the prefill" if call == 0 else f"decode call {call}"
+    return f"from forward call {call} of {calls} ({which}) on"
+
+
 def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
     """output_5 ``answer``: the verdict in words, the top root cause, its side and confidence, every
     next check of it with its command, and the notes on the inputs."""
@@ -86,7 +96,8 @@ def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
         out["root_cause"] = {
             "what": top["category_text"],
             "where": f"{names(top.get('train_module'))} (train) / {names(top.get('rollout_module'))} (rollout)",
-            "layer": top.get("layer"), "side": top.get("side"), "why_this_side": top.get("side_reason"),
+            "layer": top.get("layer"), "when": _when(top), "side": top.get("side"),
+            "why_this_side": top.get("side_reason"),
             "confidence": top["confidence_text"],
             "more": len(doc["root_causes"]) - 1}
         out["next_checks"] = top.get("next_checks") or []

@@ -133,7 +133,8 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
     lines.append(f"verdict: {a['verdict']}")
     rc = a["root_cause"]
     if rc:
-        lines.append(f"root cause: {rc['what']} at {rc['where']}, layer {rc['layer']}")
+        lines.append(f"root cause: {rc['what']} at {rc['where']}, layer {rc['layer']}"
+                     + (f", {rc['when']}" if rc.get("when") else ""))
         lines.append(f"side: {rc['side']}: {rc['why_this_side']}")
         lines.append(f"confidence: {rc['confidence']}")
         first = a["next_checks"][0] if a["next_checks"] else None

@@ -39,17 +39,38 @@ def _caller(e: Entry, construct: dict) -> str | None:
     return path if path != own and _shape(path) == _shape(own) else None
 
 
+def _parent_paths(entries: list[Entry], construct: dict) -> dict[str, set]:
+    """Per module path, the paths of the modules its calls were made from."""
+    out: dict[str, set] = {}
+    for e in entries:
+        if e.kind != "module" or e.direction != FORWARD:
+            continue
+        base = e.key.rsplit(".", 1)[0]
+        for c in range(e.call, e.call + e.n_calls):
+            parent = construct.get(f"{base}.{c}")
+            parsed = parse_key(parent) if isinstance(parent, str) else None
+            if parsed is not None and parsed[0] == "module":
+                out.setdefault(e.raw_path, set()).add(parsed[1])
+    return out
+
+
 def attribute(entries: list[Entry], construct: dict | None) -> tuple[list[Entry], list[str]]:
-    """(entries with each shared module's calls under their calling block, notes)."""
+    """(entries with each shared module's calls under their calling block, notes). A module counts
+    as shared when its calls come from more than one block: a tree whose numbers were all shifted
+    together (one parent each, named in another numbering) is not one object reused."""
     if not construct:
+        return entries, []
+    shared = {p for p, parents in _parent_paths(entries, construct).items() if len(parents) > 1}
+    if not shared:
         return entries, []
     seen: dict[tuple, int] = {}
     moved: dict[str, set] = {}
     out, placed = [], []        # placed: (moved entry, key of the parent it goes before)
     for e in entries:
-        folded = e.kind == "module" and e.direction == FORWARD and e.n_calls > 1 and _folded_shared(e, construct)
+        mine = e.kind == "module" and e.direction == FORWARD and e.raw_path in shared
+        folded = mine and e.n_calls > 1
         for c in unfold(e) if folded else [e]:
-            caller = _caller(c, construct) if c.kind == "module" and c.direction == FORWARD else None
+            caller = _caller(c, construct) if mine else None
             if caller is None:
                 out.append(c)
                 continue
@@ -73,12 +94,6 @@ def attribute(entries: list[Entry], construct: dict | None) -> tuple[list[Entry]
              f"were put under the block that made each, from construct.json" for src, dst in sorted(moved.items())]
     # The calls left at the shared path count up from 0 again.
     return _renumber(out, set(moved)), notes
-
-
-def _folded_shared(e: Entry, construct: dict) -> bool:
-    """A folded entry some of whose calls another block made."""
-    base = e.key.rsplit(".", 1)[0]
-    return any(_caller(replace(e, key=f"{base}.{c}"), construct) for c in range(1, e.n_calls))
 
 
 def _renumber(entries: list[Entry], paths: set) -> list[Entry]:
