@@ -115,6 +115,13 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
     d = Departure(ev, side, dep, hyp, m, point)
     rule = next(r for r in rules.DEPARTURE_RULES if r.condition(d))
     names = {s: _producers(ev, s, point) or list(m[f"{s}_modules"]) for s in SIDES}
+    if rule.category != "parameter_or_checkpoint_issue" and _input_judged(ev, m, side) is not True \
+            and m["containers"]:
+        # No weight of its own explains it and its input was never held to the reference (the
+        # attention core HF computes inline): the difference may start anywhere inside the
+        # enclosing block, where a config value such as the attention scale acts.
+        m = ev.pair(m["containers"][0])
+        names = {s: list(m[f"{s}_modules"]) for s in SIDES}
     evidence = {
         "pair": m["pid"], "finding_pair": m["pid"], "departure": dep, "departing_point": point,
         "first_call": dep.get("call"), "calls": dep.get("calls"),

@@ -135,6 +135,9 @@ def adjustments(suspect) -> list[Adjustment]:
     """The adjustments that hold for a classified suspect, in table order."""
     return [a for a in ADJUSTMENTS if a.condition(suspect)]
 
+# The departure row that names no cause beyond "computes otherwise" (triage._with_reference).
+WEAK_DEPARTURE = "reference_departs_in_module"
+
 # Findings from the reference forward (departures.py): where one side's own values first leave a
 # forward of the checkpoint over that side's tokens, judged call by call in that side's layout. The
 # first row whose condition holds decides; the facts are departures.Departure's.

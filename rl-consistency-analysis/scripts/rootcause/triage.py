@@ -622,10 +622,12 @@ def run(ev: Evidence) -> Triage:
     if not comp.get("comparable", True):
         return _from_reference_only(ev, tri, comp, ref_found)
     found: list[tuple[dict, dict]] = []
+    screened: set[str] = set()
     for m in candidates(ev):
         s = Suspect(ev, m)
         dropped = screen(s)
         if dropped:
+            screened.add(m["pid"])
             tri.suppressed.append({"train_module": _path_names(m["train_modules"]),
                                    "rollout_module": _path_names(m["rollout_modules"]),
                                    "values": "different", "reason": dropped[1], "rules_fired": [dropped[0]]})
@@ -644,7 +646,7 @@ def run(ev: Evidence) -> Triage:
             tri.other_candidates.append(f)
         else:
             found.append((f, m))
-    found = _with_reference(ev, found, ref_found)
+    found = _with_reference(ev, found, ref_found, _no_activation_compared(comp), screened)
     if not found:
         entry = _before_range(ev, comp)
         if entry is not None:
@@ -684,13 +686,22 @@ def run(ev: Evidence) -> Triage:
     return tri
 
 
-def _with_reference(ev: Evidence, found: list[tuple[dict, dict]], ref_found: list[dict]) -> list[tuple[dict, dict]]:
-    """The triage's findings with the reference forward's: at the same pair the reference finding
-    stands in for the triage's (it held each side against the checkpoint call by call, tried the
-    candidate faults and names the part of a fused module), keeping what the triage saw between the
-    sides in its evidence; a departure at another pair is a finding of its own."""
+def _with_reference(ev: Evidence, found: list[tuple[dict, dict]], ref_found: list[dict],
+                    nothing_between: bool, screened: set[str]) -> list[tuple[dict, dict]]:
+    """The triage's findings with the reference forward's. Where the sides' activations were
+    compared with each other, a reference finding that only says "the module computes otherwise"
+    (rules.WEAK_DEPARTURE) adds nothing the triage's own rules did not weigh (routing, a container, a
+    precision boundary), so only the others enter: at the same pair the reference finding stands in
+    for the triage's (it held each side against the checkpoint call by call, saw or simulated the
+    cause, and names the part of a fused module), keeping what the triage saw between the sides in
+    its evidence; at another pair it is a finding of its own. A pair the screens set aside (a
+    routing flip between tied experts departs from any forward, the reference's too) stays aside.
+    Where nothing was compared between the sides, every reference finding enters."""
     out = list(found)
     for rf in ref_found:
+        weak = rf["rules_fired"][0] == rules.WEAK_DEPARTURE or rf["evidence"]["pair"] in screened
+        if weak and not nothing_between:
+            continue
         pid = rf["evidence"]["pair"]
         same = next((i for i, (f, m) in enumerate(out) if m["pid"] == pid), None)
         if same is not None:
