@@ -14,7 +14,7 @@ from .files import json_safe, write_text
 from .evidence import Evidence
 from .triage import Triage
 
-SCHEMA_VERSION = "3.0"   # 3.0: next_checks are {check, command}; answer; confidence_text
+SCHEMA_VERSION = "3.1"   # 3.0: next_checks are {check, command}; answer; confidence_text. 3.1: logprobs
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
