@@ -18,7 +18,7 @@ SCHEMA_VERSION = "1.0"
 RATIO_BOUNDS = (0.5, 2.0)
 # Files may hold millions of tokens: output_5 lists the first ones, the metrics cover them all.
 MAX_LISTED = 4096
-TEMPERATURE = ("raw log-softmax of the logits, before any temperature: both dumps hold the logits before the "
+LOG_SOFTMAX = ("raw log-softmax of the logits, before any temperature: both dumps hold the logits before the "
                "job's temperature, which RL trainers divide by before their log-softmax")
 
 
@@ -83,7 +83,7 @@ def from_files(paired: Paired | None, paths: tuple[str, str] | None) -> dict:
 def section(compare: dict, results: dict, mode: str | None, paired: Paired | None = None,
             paths: tuple[str, str] | None = None) -> dict:
     """output_5 ``logprobs``: both sources, each with its tokens and metrics or the reason it has none."""
-    return {"schema_version": SCHEMA_VERSION, "log_softmax": TEMPERATURE,
+    return {"schema_version": SCHEMA_VERSION, "log_softmax": LOG_SOFTMAX,
             "dumps": from_dumps(compare, results, mode), "files": from_files(paired, paths)}
 
 

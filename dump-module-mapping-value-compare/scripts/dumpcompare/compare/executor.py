@@ -315,7 +315,8 @@ class Executor:
         """The token ids both sides saw (from the tokens point's tensors) and the prompt length.
 
         The prompt length is known when one side's calls were stitched (prefill, then decode
-        steps): its first call holds the prompt.
+        steps): its first call holds the prompt. The ids are the whole sequence: the longest of the
+        two sides' and ``--token-ids`` (logprob.token_ids), which also hold the last sampled token.
         """
         given = None if self.given is None else np.asarray(self.given, np.int64)
         plan = next((p for p in plans if p.point == TOKENS_POINT and p.pair is None), None)
@@ -327,7 +328,9 @@ class Executor:
             return (given, None) if given is not None else None
         flat = [np.concatenate([T.as_tokens(x.whole(), view.family).reshape(-1) for x in side])
                 for side, view in zip(tensors, (self.t, self.r))]
+        # Ids the user gave that contradict the dumps are set aside: the dumps show what ran.
         ids = token_ids(*flat, given)
+        ids = token_ids(*flat) if ids is None and given is not None else ids
         if ids is None:
             return None
         stitched = tl if plan.stitched == "train" else rl if plan.stitched == "rollout" else None
