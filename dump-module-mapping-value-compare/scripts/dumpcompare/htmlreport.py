@@ -194,7 +194,7 @@ def _token_table(tokens: list[dict]) -> str:
     for t in tokens[:TOKEN_ROWS]:
         d = num(t.get("delta"))
         width = 80 * abs(d) / largest if d is not None and math.isfinite(d) else 0.0
-        bar = (f'<svg width="84" height="10"><rect x="0" y="1" width="{width:.1f}" height="8" fill="#1565c0"/>'
+        bar = (f'<svg xmlns="http://www.w3.org/2000/svg" class="token-delta" width="84" height="10"><rect x="0" y="1" width="{width:.1f}" height="8" fill="#1565c0"/>'
                '</svg>')
         # Seven digits: two log-probs that agree to 1e-6 still read as two numbers.
         rows.append((t.get("position"), t.get("token_id"), _digits(t.get("train")), _digits(t.get("rollout")),

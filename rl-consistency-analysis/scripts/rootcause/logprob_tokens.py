@@ -35,18 +35,18 @@ def _metrics(p: Paired) -> dict:
     return logprob_metrics.batch(p, RATIO_BOUNDS) if p.tokens else {"tokens": 0}
 
 
-def _dumps_reason(compare: dict, mode: str | None) -> str:
-    """Why the dumps gave no per-token log-probs."""
+def _dumps_reason(compare: dict, mode: str | None) -> tuple[str, str]:
+    """(code, sentence): why the dumps gave no per-token log-probs."""
     lv = compare.get("logprob")
     if mode == "statistics":
-        return "statistics mode holds no per-token values"
+        return "statistics_mode", "statistics mode holds no per-token values"
     if lv is None:
-        return "no logits were compared (neither side's dump holds the lm_head or logits output)"
+        return "no_logits", "no logits were compared (neither side's dump holds the lm_head or logits output)"
     if lv.get("kind") == "per_token_logprob":
-        return "the compare step's output_3 lists no per-token log-probs (written by an older version)"
+        return "not_listed", "the compare step's output_3 lists no per-token log-probs (written by an older version)"
     if lv.get("reason"):
-        return f"the logits were not compared: {lv['reason']}"
-    return "the token ids both sides ran are not known (pass --token-ids) or the logits are not finite"
+        return "logits_not_compared", f"the logits were not compared: {lv['reason']}"
+    return "not_computed", "the token ids both sides ran are not known (pass --token-ids) or the logits are not finite"
 
 
 def from_dumps(compare: dict, results: dict, mode: str | None) -> dict:
@@ -54,7 +54,8 @@ def from_dumps(compare: dict, results: dict, mode: str | None) -> dict:
     lv = compare.get("logprob") or {}
     tokens = ((results.get(lv.get("cid")) or {}).get("logprob") or {}).get("tokens")
     if not tokens:
-        return {"source": "dumped_logits", "tokens": None, "reason": _dumps_reason(compare, mode)}
+        code, reason = _dumps_reason(compare, mode)
+        return {"source": "dumped_logits", "tokens": None, "reason_code": code, "reason": reason}
     p = _one_sequence([t["token_id"] for t in tokens], [t["train"] for t in tokens], [t["rollout"] for t in tokens])
     return {"source": "dumped_logits", "cid": lv.get("cid"), "point": lv.get("point"),
             "prompt_tokens": lv.get("prompt_tokens"),
@@ -108,7 +109,7 @@ def console_line(lp: dict) -> str:
         parts.append(f"{files['tokens_total']} response tokens from the log-prob files, {_numbers(files)}")
     if not parts:
         return (f"log-probs: none: {dumps['reason']}; pass --rollout-logprobs/--train-logprobs"
-                + ("" if "statistics" not in dumps["reason"] else " or dump in tensor mode"))
+                + (" or dump in tensor mode" if dumps["reason_code"] == "statistics_mode" else ""))
     if not dumps["tokens"]:
         parts.append(f"none from the dumps: {dumps['reason']}")
     return "log-probs: " + "; ".join(parts)
