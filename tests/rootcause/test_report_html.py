@@ -204,8 +204,9 @@ def test_template_is_filled_from_output5_alone(demo, tensor_case, analyze_pair):
     paths = _PLACEHOLDER.findall(template)
     assert len(paths) > 60
     for path in paths:
-        if path.startswith("logits."):
-            # per-token fields exist in tensor mode, the statistics ones in both
+        if path.startswith(("logits.", "logprobs.")):
+            # per-token fields exist in tensor mode, the statistics ones (and the reason for no
+            # per-token log-probs) in statistics mode
             found = [d for d in (stats_doc, tensor_doc) if _try(d, path)]
             assert found, f"{path} is in neither kind of logits view"
         elif path.startswith(WITH_MODEL):

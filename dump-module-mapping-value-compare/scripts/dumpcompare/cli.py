@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
     use_tensors = not args.statistics_only
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
-                       jobs=(args.jobs or default_jobs()) if tensor_files else 1).run(plan.comparisons)
+                       jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=given).run(plan.comparisons)
     if any(refs.values()):
         say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)

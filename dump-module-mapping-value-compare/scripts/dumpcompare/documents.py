@@ -178,7 +178,7 @@ def logits_view(results: list[Result]) -> dict | None:
             "dtypes": [r.train["dtypes"][0], r.rollout["dtypes"][0]], "mode": r.mode, "reason": r.reason}
     if r.logprob is not None:
         return {"kind": "per_token_logprob", **base,
-                **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level")}}
+                **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level", "tokens")}}
     return {"kind": "logits_statistics", **base, "stat_errors": r.stat_errors}
 
 

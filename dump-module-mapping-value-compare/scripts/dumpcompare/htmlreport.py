@@ -56,6 +56,11 @@ def num(v) -> float | None:
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(v)
 
 
+def _digits(v) -> str:
+    x = num(v)
+    return fmt(v) if x is None or not math.isfinite(x) else f"{x:.7g}"
+
+
 def fmt(v) -> str:
     x = num(v)
     if x is None:
@@ -171,7 +176,35 @@ def _logprob_tensor(lp: dict, full: dict) -> str:
         rows.append(("prompt / response", "not known (the dump does not separate prefill and decode calls)"))
     return ('<p>Log-probability each side gives to the dumped next token, from its logits. The dashed line is '
             'the clean level: the largest change logits within their dtype\'s element tolerance could cause.</p>'
-            + _figure(svg) + _table(("", "value"), rows))
+            + _figure(svg) + _table(("", "value"), rows) + _token_table(full.get("tokens") or []))
+
+
+# A page stays readable: the first tokens are listed, output_3 holds them all.
+TOKEN_ROWS = 200
+
+
+def _token_table(tokens: list[dict]) -> str:
+    """One row per response token: both log-probs of the sampled token and their difference, with a
+    bar of |train - rollout| scaled to the largest one."""
+    if not tokens:
+        return ""
+    finite = [abs(d) for d in (num(t.get("delta")) for t in tokens) if d is not None and math.isfinite(d)]
+    largest = max(finite, default=0.0) or 1.0
+    rows = []
+    for t in tokens[:TOKEN_ROWS]:
+        d = num(t.get("delta"))
+        width = 80 * abs(d) / largest if d is not None and math.isfinite(d) else 0.0
+        bar = (f'<svg xmlns="http://www.w3.org/2000/svg" class="token-delta" width="84" height="10"><rect x="0" y="1" width="{width:.1f}" height="8" fill="#1565c0"/>'
+               '</svg>')
+        # Seven digits: two log-probs that agree to 1e-6 still read as two numbers.
+        rows.append((t.get("position"), t.get("token_id"), _digits(t.get("train")), _digits(t.get("rollout")),
+                     fmt(d), bar))
+    more = f" (the first {TOKEN_ROWS} of {len(tokens)})" if len(tokens) > TOKEN_ROWS else ""
+    return (f"<p>Per response token{more}: the log-probability of the sampled token (the token at position + 1) "
+            "as the raw log-softmax of each side's logits, before any temperature (both dumps hold the logits "
+            "before it).</p>"
+            + _table(("position", "token id", "train", "rollout", "train - rollout", "|train - rollout|"),
+                     [tuple(text(v) for v in r[:5]) + (r[5],) for r in rows], escaped=True))
 
 
 def _logits_stats(lp: dict) -> str:

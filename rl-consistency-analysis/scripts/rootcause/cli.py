@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import (credence, evidence, files, input_checks, logprob_cli, logprob_inputs, logprob_noise, logprob_report,
-               report, sibling, triage)
+from . import (credence, evidence, files, input_checks, logprob_cli, logprob_inputs, logprob_noise, logprob_pairing,
+               logprob_report, logprob_tokens, report, sibling, triage)
 
 SKILL_ROOT = sibling.SKILL_ROOT
 # The compare options are declared here again, not taken from the compare skill: this skill
@@ -118,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         credence.scale()        # fail before the long compare step when the scale is missing
         notes = input_checks.before(args)
         # The log-prob files are read first too: a bad one stops the run before the compare step.
-        logprobs = (logprob_cli.triage([args.rollout_logprobs], [args.train_logprobs], (0.5, 2.0))
-                    if args.rollout_logprobs else None)
+        lp_paths = (args.rollout_logprobs, args.train_logprobs) if args.rollout_logprobs else None
+        read = logprob_cli.read_pair(*lp_paths) if lp_paths else None
+        logprobs = logprob_report.document([logprob_cli.judge_pair(*read, logprob_tokens.RATIO_BOUNDS)]) if read else None
         if not args.reuse_outputs:
             sibling.run(script, _compare_argv(args), progress=not args.quiet)
         ev = evidence.load(out)
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         tri = triage.run(ev)
         argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out),
-                                     "argv": argv}, notes)
+                                     "argv": argv}, notes,
+                           (logprob_pairing.pair(*read), lp_paths) if read else None)
         if logprobs:
             doc["logprob_triage"] = logprobs
         report.write(out, doc)

@@ -64,19 +64,23 @@ def _tensorio():
         return None                     # only .pt files need it; their reader says so
 
 
+def read_pair(rollout: str, train: str) -> tuple[logprob_inputs.LogprobSide, logprob_inputs.LogprobSide]:
+    """Both sides' log-prob files, read once (the root-cause run also lists their per-token pairs)."""
+    return logprob_inputs.read(rollout, "rollout", _tensorio), logprob_inputs.read(train, "train", _tensorio)
+
+
+def judge_pair(rollout, train, bounds, base=None, dtype=None) -> logprob_judgement.Triage:
+    """The triage of one pair of read sides (``base``: a read baseline pair, or None)."""
+    notes: list[str] = []
+    band = logprob_judgement.band_for(rollout, train, dtype, base, notes)
+    return logprob_judgement.judge(rollout, train, bounds, band, notes)
+
+
 def triage(rollouts: list[str], trains: list[str], bounds, baseline=None, dtype=None) -> dict:
-    """The triage document of one or several (rollout, train) file pairs."""
-    tio = _tensorio
-    base = None
-    if baseline:
-        base = (logprob_inputs.read(baseline[0], "rollout", tio), logprob_inputs.read(baseline[1], "train", tio))
-    triages = []
-    for r_path, t_path in zip(rollouts, trains):
-        r, t = logprob_inputs.read(r_path, "rollout", tio), logprob_inputs.read(t_path, "train", tio)
-        notes: list[str] = []
-        band = logprob_judgement.band_for(r, t, dtype, base, notes)
-        triages.append(logprob_judgement.judge(r, t, bounds, band, notes))
-    return logprob_report.document(triages)
+    """The triage document of one or several (rollout, train) file pairs, read one pair at a time."""
+    base = read_pair(*baseline) if baseline else None
+    return logprob_report.document([judge_pair(*read_pair(r, t), bounds, base, dtype)
+                                    for r, t in zip(rollouts, trains)])
 
 
 def summary(doc: dict, out: Path) -> str:

@@ -9,12 +9,12 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from . import answer, commands, explain, sides, triage
+from . import answer, commands, explain, logprob_tokens, sides, triage
 from .files import json_safe, write_text
 from .evidence import Evidence
 from .triage import Triage
 
-SCHEMA_VERSION = "3.0"   # 3.0: next_checks are {check, command}; answer; confidence_text
+SCHEMA_VERSION = "3.1"   # 3.0: next_checks are {check, command}; answer; confidence_text. 3.1: logprobs
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
@@ -45,9 +45,10 @@ def _suppressed(records: list[dict]) -> dict:
     return {**split, "counts": {k: len(v) for k, v in split.items()}}
 
 
-def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = ()) -> dict:
+def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = (), logprob_files=None) -> dict:
     """The output_5 document; ``inputs["argv"]`` is this run's command line (for the commands of the
-    next checks) and ``input_notes`` the notes on the inputs (input_checks.py), which lead ``notes``."""
+    next checks), ``input_notes`` the notes on the inputs (input_checks.py), which lead ``notes``, and
+    ``logprob_files`` the paired log-prob files with their paths ((Paired, (rollout, train))) or None."""
     reach = triage.reaches_output(ev)
     argv = list(inputs.get("argv") or [])
     doc = {
@@ -67,6 +68,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = ()) 
         "inputs": inputs,
         "sides": explain.sides(ev),
         "logits": ev.compare.get("logprob"),
+        "logprobs": logprob_tokens.section(ev.compare, ev.results, ev.mode, *(logprob_files or ())),
         "reaches_output": reach,
         "summary": ev.mapping.get("summary"),
     }
@@ -107,11 +109,7 @@ def _command_line(cmd: list[str] | None) -> list[str]:
 
 
 def _logits_line(lv: dict) -> str | None:
-    if lv.get("kind") == "per_token_logprob":
-        first = lv.get("first_position_past_clean_level")
-        return (f"log-probs of the tokens: mean difference {lv['mean_abs_diff']:.3g}, largest {lv['max_abs_diff']:.3g}; "
-                + (f"first position past what rounding explains: {first}" if first is not None
-                   else "every position within what rounding explains"))
+    """The logits' statistics comparison (tensor mode says more on the log-prob line)."""
     if lv.get("kind") == "logits_statistics" and isinstance(lv.get("error"), (int, float)):
         return (f"logits: {lv['status']}, relative error {lv['error']:.3g} against a tolerance of "
                 f"{lv['tolerance']:.3g}")
@@ -156,6 +154,8 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
     logits = _logits_line(doc.get("logits") or {})
     if logits:
         lines.append(logits)
+    if doc.get("logprobs"):
+        lines.append(logprob_tokens.console_line(doc["logprobs"]))
     rf = doc.get("reference_forward") or {}
     if rf:
         lines.append("reference forward: " + _forward_line(rf))

@@ -18,6 +18,7 @@ from ..tolerances import grade, pair_tolerances, tolerance_for
 from . import params as P
 from . import tensors as T
 from . import sources
+from .lineup import sampled_rows
 from .layout import GROUPED, gather_rank_qkv, interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from .logprob import LOGITS_POINT, TOKENS_POINT, LogProbs, token_ids
 from .sources import Blocks, Leafsrc, block_ranges
@@ -120,10 +121,11 @@ class Executor:
     """Runs planned comparisons with the tolerances and tensor access of both sides."""
 
     def __init__(self, train: SideView, rollout: SideView, tolerances: dict, use_tensors: bool = True,
-                 jobs: int = 1):
+                 jobs: int = 1, given_ids: list[int] | None = None):
         self.t, self.r, self.tol = train, rollout, tolerances
         self.use_tensors = use_tensors
         self.jobs = jobs
+        self.given = given_ids                                   # --token-ids: the whole sequence
         self.ids: tuple[np.ndarray, int | None] | None = None   # shared token ids, prompt length
 
     def run(self, plans: list[PointPlan]) -> list[Result]:
@@ -150,8 +152,14 @@ class Executor:
         tl = [_leaf(self.t, c) for c in plan.train]
         rl = [_leaf(self.r, c) for c in plan.rollout]
         notes, trim = [], None
+        rows = None
         if plan.stitched and None not in tl + rl:
             tl, rl, notes, trim = _fit_calls(plan, tl, rl)
+            rows = self._sampled_lineup(plan, tl, rl) if trim is None else None
+            if rows is not None:
+                notes = [f"the {plan.stitched} side's logits rows are the sampled ones (last prompt position, "
+                         f"then one per decode call): lined up with the other side's rows {rows.start}.."
+                         f"{rows.stop - 1}"]
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
                      _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl), pair=plan.pair)
         res.notes += notes
@@ -198,7 +206,7 @@ class Executor:
                         "combined; compare a tensor dump, or dump after the all-reduce")
             return res
         if tensors is not None:
-            self._judge_tensor(plan, res, tensors, dt, dr, tl, rl, trim)
+            self._judge_tensor(plan, res, tensors, dt, dr, tl, rl, trim, rows)
         else:
             self._judge_stats(plan, res, ts, rs, dt, dr, errors)
         if plan.axis == "rows" and res.status in ("match", "drift", "mismatch"):
@@ -307,28 +315,41 @@ class Executor:
         """The token ids both sides saw (from the tokens point's tensors) and the prompt length.
 
         The prompt length is known when one side's calls were stitched (prefill, then decode
-        steps): its first call holds the prompt.
+        steps): its first call holds the prompt. The ids are the whole sequence: the longest of the
+        two sides' and ``--token-ids`` (logprob.token_ids), which also hold the last sampled token.
         """
+        given = None if self.given is None else np.asarray(self.given, np.int64)
         plan = next((p for p in plans if p.point == TOKENS_POINT and p.pair is None), None)
-        if plan is None:
-            return None
-        tl = [_leaf(self.t, c) for c in plan.train]
-        rl = [_leaf(self.r, c) for c in plan.rollout]
-        if None in tl + rl:
-            return None
-        tensors = self._tensors(plan, tl, rl, Result("", "", "", "", "", "", None, None, None, {}, {}))
+        tl = [_leaf(self.t, c) for c in plan.train] if plan else [None]
+        rl = [_leaf(self.r, c) for c in plan.rollout] if plan else [None]
+        tensors = (self._tensors(plan, tl, rl, Result("", "", "", "", "", "", None, None, None, {}, {}))
+                   if None not in tl + rl else None)
         if tensors is None:
-            return None
+            return (given, None) if given is not None else None
         flat = [np.concatenate([T.as_tokens(x.whole(), view.family).reshape(-1) for x in side])
                 for side, view in zip(tensors, (self.t, self.r))]
-        ids = token_ids(*flat)
+        # Ids the user gave that contradict the dumps are set aside: the dumps show what ran.
+        ids = token_ids(*flat, given)
+        ids = token_ids(*flat) if ids is None and given is not None else ids
         if ids is None:
             return None
         stitched = tl if plan.stitched == "train" else rl if plan.stitched == "rollout" else None
         prompt = stitched[0].numel if stitched and len(stitched) > 1 else None
         return ids, prompt
 
-    def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl, trim: str | None = None) -> None:
+    def _sampled_lineup(self, plan, tl: list[Leaf], rl: list[Leaf]) -> slice | None:
+        """The other side's logits rows that a stitched engine side's sampled rows stand for, when
+        the two sides' token counts differ (lineup.py); None for any other point or layout."""
+        if plan.point != LOGITS_POINT or plan.pair is not None or self.ids is None or self.ids[1] is None:
+            return None
+        many, full = (tl, rl) if plan.stitched == "train" else (rl, tl)
+        rows = [_rows(lf) for lf in many]
+        if len(full) != 1 or None in rows or sum(rows) == _rows(full[0]) or any(n != 1 for n in rows[1:]):
+            return None
+        return sampled_rows(self.ids[1], rows[0], len(rows) - 1, _rows(full[0]) or 0)
+
+    def _judge_tensor(self, plan, res: Result, tensors, dt, dr, tl, rl, trim: str | None = None,
+                      rows: slice | None = None) -> None:
         res.mode = "tensor"
         tol, strict = pair_tolerances(self.tol["tensor"]["rel_l2"], dt, dr)
         el = self.tol["tensor"]["elementwise"]
@@ -342,8 +363,9 @@ class Executor:
         nonfinite, notes, streamed = False, [], False
         for tarrs, rarrs, row0, blocked in self._blocks(plan, *tensors):
             streamed = streamed or blocked
+            row0 += rows.start if rows is not None else 0     # lined-up rows keep their positions
             try:
-                t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl, blocked, trim)
+                t, r, note = self._assemble(plan, tarrs, rarrs, elt, tl, rl, blocked, trim, rows)
             except ValueError as exc:
                 kind, detail = (size_relation(plan.point, tarrs[0].shape, rarrs[0].shape)
                                 if plan.kind == "direct" else (None, None))
@@ -389,7 +411,7 @@ class Executor:
         res.error = m["rel_l2"]
         res.status = grade(m["rel_l2"], tol, strict)
         if res.status == "mismatch":
-            m["multiset_equal"] = self._multiset(plan, tensors, elt, tl, rl)
+            m["multiset_equal"] = self._multiset(plan, tensors, elt, tl, rl, rows)
 
     def _blocks(self, plan, tsrc: list[Leafsrc], rsrc: list[Leafsrc]):
         """Yield (train arrays, rollout arrays, first row, blocked): one whole pair, or blocks."""
@@ -425,22 +447,24 @@ class Executor:
         per_group = q // k if q and k and q % k == 0 else None
         return head_dim, per_group
 
-    def _multiset(self, plan, tensors, elt, tl, rl) -> bool | None:
+    def _multiset(self, plan, tensors, elt, tl, rl, rows: slice | None = None) -> bool | None:
         """Same values in another order? Needs whole tensors: skipped (None) for very large ones."""
         if max(sum(x.size for x in side) for side in tensors) > MULTISET_MAX_ELEMENTS:
             return None
         try:
             t, r, _ = self._assemble(plan, [x.whole() for x in tensors[0]], [x.whole() for x in tensors[1]],
-                                     elt, tl, rl, False)
+                                     elt, tl, rl, False, rows=rows)
         except ValueError:
             return None
         return T.same_multiset(t, r, elt["rtol"], elt["atol"])
 
-    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl, blocked: bool, trim: str | None = None):
+    def _assemble(self, plan, tarrs, rarrs, elt, tl, rl, blocked: bool, trim: str | None = None,
+                  rows: slice | None = None):
         """Join the parts of each side and bring both to one layout (blocks come in token form).
 
         ``trim`` names a side holding one token more than the other fed (the last sampled token):
-        its last token row is left out.
+        its last token row is left out. ``rows``: the unstitched side's rows that the stitched
+        side's sampled logits rows line up with (lineup.py); only those are kept.
         """
         cat_axis = 0 if plan.axis == "rows" else -1
         if plan.axis == "features" and not blocked:
@@ -456,6 +480,10 @@ class Executor:
                 tarrs = [a[:-1] for a in tarrs]
             elif trim == "rollout":
                 rarrs = [a[:-1] for a in rarrs]
+            if rows is not None and plan.stitched == "rollout":
+                tarrs = [a[rows] for a in tarrs]
+            elif rows is not None:
+                rarrs = [a[rows] for a in rarrs]
         if plan.kind == "composite":
             # A fused output merged from R ranks is [part0_r0, part1_r0, ..., part0_r1, ...]:
             # lay the other side's parts out the same way.
@@ -564,6 +592,13 @@ def _fit_calls(plan, tl: list[Leaf], rl: list[Leaf]):
         note = (f"token counts cannot be reconciled: {plan.stitched} calls hold "
                 f"{[lf.numel for lf in many]} elements, the other side {other}")
     return ((many, rl, [note], None) if plan.stitched == "train" else (tl, many, [note], None))
+
+
+def _rows(lf: Leaf) -> int | None:
+    """Rows of a [tokens, vocab] leaf (leading batch dimensions of 1 included), None when unknown."""
+    if lf.shape is None or lf.numel is None or not lf.shape or not lf.shape[-1]:
+        return None
+    return lf.numel // lf.shape[-1]
 
 
 def _rank_groups(leaves: list[Leaf]) -> int:

@@ -5,6 +5,11 @@ Row ``i`` of the logits predicts token ``i + 1`` of the ids, so position ``p`` (
 largest log-prob change that logits all within their element tolerance (``atol + rtol * |z|``)
 could cause: ``tol(z_y) + sum_i softmax(z)_i * tol(z_i)``, since d logp_y = dz_y - sum_i p_i dz_i.
 A position past that level cannot be explained by the dtype alone (references/tolerances.md).
+
+Each side's log-prob is the raw log-softmax of its dumped logits: an RL trainer divides the logits by
+the job's temperature before its log-softmax and vLLM returns the log-probs of its logits processor
+output (``logprobs_mode``), but both dumps hold the logits before any temperature, so the raw
+log-softmax is what compares on both sides.
 """
 from __future__ import annotations
 
@@ -77,6 +82,7 @@ class LogProbs:
             "second_half_mean_abs_diff": float(ad[half:].mean()) if half else None,
             "prompt_tokens": self.prompt_tokens,
             "abs_diff": compact(ad), "clean_level": compact(bound),
+            "tokens": self._tokens(pos, lp_t, lp_r),
         }
         if self.prompt_tokens:
             prompt = pos < self.prompt_tokens
@@ -85,9 +91,23 @@ class LogProbs:
         return out
 
 
-def token_ids(train: np.ndarray, rollout: np.ndarray) -> np.ndarray | None:
-    """The shared token ids as int64, or None when the two sides saw different tokens."""
-    t, r = np.asarray(train).reshape(-1), np.asarray(rollout).reshape(-1)
-    if t.shape != r.shape or not np.array_equal(t, r) or not np.all(np.isfinite(t)):
+    def _tokens(self, pos: np.ndarray, lp_t: np.ndarray, lp_r: np.ndarray) -> list[dict]:
+        """Per response token: the position of the logits row that scored it (the token itself sits
+        at ``position + 1``), its id and both log-probs, ``delta = train - rollout`` (the log of the
+        importance ratio). Every scored position when the prompt length is unknown."""
+        keep = pos >= self.prompt_tokens if self.prompt_tokens else np.ones(pos.size, bool)
+        return [{"position": int(p - 1), "token_id": int(self.ids[p]), "train": float(t), "rollout": float(r),
+                 "delta": float(t - r)} for p, t, r in zip(pos[keep], lp_t[keep], lp_r[keep])]
+
+
+def token_ids(*sides: np.ndarray | None) -> np.ndarray | None:
+    """The whole token sequence as int64: the longest of ``sides`` when every other one is a prefix
+    of it (a trainer that scored the last sampled token holds one id more than the engine fed; the
+    user's ``--token-ids`` hold them all), else None (the sides saw different tokens)."""
+    seqs = [np.asarray(s).reshape(-1) for s in sides if s is not None]
+    if not seqs or not all(np.all(np.isfinite(s)) for s in seqs):
         return None
-    return t.astype(np.int64)
+    full = max(seqs, key=lambda s: s.size)
+    if not all(np.array_equal(s, full[:s.size]) for s in seqs):
+        return None
+    return full.astype(np.int64)
