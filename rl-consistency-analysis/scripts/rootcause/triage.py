@@ -16,6 +16,11 @@ from .evidence import CLEAN, DIVERGED, Evidence
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
 PRECISION_SPREAD = 0.5       # share of compared tensors with differing dtypes that means "a whole side"
 REALIGN_WINDOW = 3           # aligned modules after a suspect that are checked for realignment
+# The note of a run whose activations were all only bounded (the compare skill's bounds.py).
+ONLY_BOUNDED = ("consistent, not verified: one side holds one token more (the last sampled token, never fed to "
+                "the engine), so the statistics only bound each other and every bound holds; this is not an "
+                "all-clear. To decide it, rerun with --model <checkpoint> --token-ids <ids> (a reference forward "
+                "over the same tokens) or dump both sides in tensor mode")
 
 
 @dataclass
@@ -670,13 +675,22 @@ def run(ev: Evidence) -> Triage:
                          "see output_4 for the first divergence")
     if tri.verdict == "no_credible_divergence" and ev.analysis.get("partial"):
         tri.verdict = "inconclusive"
-    if tri.verdict == "no_credible_divergence" and _no_activation_compared(comp):
+    if tri.verdict == "no_credible_divergence" and _only_bounded(comp):
+        tri.verdict = "inconclusive"
+        tri.notes.append(ONLY_BOUNDED)
+    elif tri.verdict == "no_credible_divergence" and _no_activation_compared(comp):
         tri.verdict = "inconclusive"
         why = comp["activations"].get("main_reason")
         tri.notes.append("no activation of the two sides was compared, only parameters: this is not an all-clear"
                          + (f" (most activations were left out because {why})" if why else ""))
     _drop_reported(tri)
     return tri
+
+
+def _only_bounded(comp: dict) -> bool:
+    """output_4 ``comparability.activations``: no activation was verified, some were only bounded."""
+    act = comp.get("activations")
+    return isinstance(act, dict) and act.get("compared") == 0 and bool(act.get("bounded"))
 
 
 def _no_activation_compared(comp: dict) -> bool:
