@@ -75,8 +75,7 @@ def judge(pieces: list[Stats], whole: Stats, row: int, tol: float) -> Verdict | 
     both = combine(pieces)
     found: dict[str, tuple[float, int | None, str]] = {}     # bound -> (scaled excess, piece, detail)
     if whole.numel is not None and both.numel is not None:
-        n = whole.numel - both.numel
-        found["count"] = (0.0 if n == row else math.inf, None,
+        found["count"] = (0.0 if whole.numel - both.numel == row else math.inf, None,
                           f"{both.numel} + one row of {row} elements != {whole.numel}")
     n = row
     extremes = [abs(v) for s in every for v in (s.max, s.min) if v is not None]
