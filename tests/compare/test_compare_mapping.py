@@ -204,13 +204,14 @@ def test_documented_keys_are_present(synth_run):
     for io in ("in", "param", "out"):
         for pv in m["points"][io]:
             assert set(pv) == {"point", "cid", "status", "error", "margin"}
-    statuses = {"clean", "origin", "parameter_mismatch", "propagated", "structural", "incomparable"}
+    statuses = {"clean", "origin", "parameter_mismatch", "propagated", "structural", "bounded", "incomparable"}
     assert {v["status"] for v in d4["modules"]} <= statuses
     assert {v["module_priority_rank"] for v in d4["modules"]} <= {1, 2, 3, 4, 5}
     r = out.d3["results"][0]
     assert set(r) == {"cid", "point", "kind", "axis", "mode", "status", "error", "tolerance",
                       "strict_tolerance", "train", "rollout", "stat_errors", "tensor_metrics", "reason",
-                      "notes", "dtype_differs", "pair", "calls", "param_equality", "logprob", "reference", "skip"}
+                      "notes", "dtype_differs", "pair", "calls", "param_equality", "logprob", "reference", "skip",
+                      "bounds"}
     assert set(out.d1["train"][0]) == {"index", "key", "kind", "direction", "path", "raw_path", "class",
                                        "call", "calls", "layer", "block", "role", "family", "fused_parts",
                                        "is_wrapper", "explained", "ports"}

@@ -1,9 +1,11 @@
 """Nothing of the forward compared is never an all-clear (issue 23 item 3), on a real vLLM pair.
 
 The real-vLLM per-call rollout of ``llama_stale_up_proj_stats_percall`` holds a prefill over the
-prompt and one call per decoded token, while the trainer ran one forward over prompt + response:
-every activation is left out in statistics mode, and the rollout's linear weights are empty
-prepacked tensors. Only norm weights compare, and they agree, yet the engine's up_proj is stale.
+prompt and one call per decoded token, while the trainer ran one forward over prompt + response.
+With ``--model`` but no ``--token-ids`` the reference forward cannot run and the statistics over
+one token more are not held to bounds (that is the run without a checkpoint, test_bounds_real_vllm.py):
+every activation is left out, and the rollout's linear weights are empty prepacked tensors. Only
+norm weights compare, and they agree, yet the engine's up_proj is stale.
 """
 import json
 import subprocess
@@ -14,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
 CASE = REPO / "tests" / "data" / "real_vllm" / "llama_stale_up_proj_stats_percall"
 CLEAN_REAL = REPO / "tests" / "data" / "real" / "llama_tp1_fp32_clean"
+MODEL = REPO / "tests" / "data" / "real_vllm" / "_models" / "llama"
 
 
 def _run(case: Path, out: Path, *extra):
@@ -23,7 +26,7 @@ def _run(case: Path, out: Path, *extra):
 
 
 def test_a_rollout_with_no_comparable_activation_is_not_called_clean(tmp_path):
-    proc = _run(CASE, tmp_path, "--fail-on-finding")
+    proc = _run(CASE, tmp_path, "--fail-on-finding", "--model", str(MODEL))
     assert proc.returncode == 1, proc.stderr
     doc4 = json.loads((tmp_path / "output_4_module_analysis.json").read_text(encoding="utf-8"))
     acts = doc4["comparability"]["activations"]

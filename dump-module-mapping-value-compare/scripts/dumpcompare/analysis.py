@@ -14,7 +14,7 @@ from . import structure
 from .compare import Result
 from .naming import ModuleRecord
 from .plan import MappingPlan, Pair
-from .tolerances import CLEAN, DIVERGED, SEVERITY
+from .tolerances import BOUNDED, CLEAN, DIVERGED, SEVERITY
 
 
 @dataclass
@@ -74,7 +74,8 @@ RANK_MEANINGS = {
     2: "origin with inputs that could not be compared or at a precision change, or propagated where the previous "
        "aligned module's output agrees (the fault sits between the two): the next candidates",
     3: "propagated: the inputs already differ (or sit near their tolerance) and carry the difference from upstream",
-    4: "structural or incomparable: the outputs could not be judged",
+    4: "structural, incomparable or bounded: the outputs could not be judged (bounded: one side holds a token "
+       "more and the statistics' bounds hold, consistent but not verified)",
     5: "clean: the outputs agree within tolerance",
 }
 
@@ -105,6 +106,8 @@ def _worst(verdicts: list[PointVerdict]) -> tuple[str, float | None]:
     if not graded:
         if any(v.status == "structural" for v in verdicts):
             return "structural", None
+        if any(v.status in BOUNDED for v in verdicts):
+            return "bounded", None
         return ("unknown" if verdicts else "none"), None
     worst = max(graded, key=lambda v: (SEVERITY[v.status], v.error if v.error is not None else 0))
     errs = [v.error for v in graded if v.error is not None]
@@ -176,9 +179,10 @@ def _judge(pair: Pair, by_point, by_cid, produced, train, rollout, prev_out, div
     par_s, par_e = _worst(pts["param"])
     out_s, out_e = _worst(pts["out"])
     source = "compared"
-    if in_s in ("unknown", "none", "structural") and prev_out is not None:
+    # Bounded inputs are not shown to agree: like inputs not compared, the previous output stands in.
+    if in_s in ("unknown", "none", "structural", "bounded") and prev_out is not None:
         in_s, source = prev_out, "previous_aligned_module"
-    elif in_s in ("unknown", "none"):
+    elif in_s in ("unknown", "none", "bounded"):
         source = "none"
     amp = None
     if out_e is not None and in_e is not None and math.isfinite(out_e):
@@ -262,10 +266,16 @@ def _status_rank(pair: Pair, in_s, source, par_s, out_s, boundary, margins, boun
                     "earlier divergence: treated as carrying it")
         if source == "compared":
             return "origin", 1, "inputs and parameters agree, outputs differ"
+        if in_s in BOUNDED:
+            return ("origin", 2, "outputs differ (a bound of the statistics broken); inputs only bounded "
+                    "(consistent, not verified) and no earlier aligned output differs")
         return "origin", 2, "outputs differ; inputs not comparable here, the previous aligned module's output agrees"
     if out_s == "drift" and boundary:
         return "origin", 2, "output precision changes here (dtypes differ) while inputs agree"
-    if out_s in ("unknown", "none", "structural"):
+    if out_s in BOUNDED and not boundary:
+        return ("bounded", 4, "outputs only bounded: one side holds a token more, and its statistics bound the "
+                "other's (consistent, not verified)")
+    if out_s in ("unknown", "none", "structural", "bounded"):
         if boundary:
             # dtypes are exact metadata: a precision change shows even where values cannot be
             # compared (vLLM's logits cover only the sampled positions)

@@ -132,8 +132,11 @@ def run(args: argparse.Namespace) -> dict:
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
     use_tensors = not args.statistics_only
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)
+    # Without a checkpoint, statistics over one token row more are held to bounds (compare/bounds.py);
+    # with one, the reference forward over --token-ids is what verifies them.
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
-                       jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=given).run(plan.comparisons)
+                       jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=given,
+                       bounds=not any(refs.values())).run(plan.comparisons)
     if any(refs.values()):
         say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)

@@ -12,6 +12,7 @@ from .naming import ModuleRecord
 from .outputs import fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
 from .safetext import markdown
+from .tolerances import BOUNDED, CLEAN
 
 TOP_CANDIDATES = 5   # rank 1-2 modules listed above output_4's table; the rest are in the table
 # Skip codes that mean the two sides hold tensors of different sizes (comparability's size test).
@@ -214,6 +215,10 @@ def _verdict_line(verdicts, first, comparability) -> str:
     if not comparability.get("comparable", True):
         return ("**Verdict:** the two dumps may not be comparable: "
                 + markdown("; ".join(comparability["reasons"])) + ".")
+    bounded = (comparability.get("activations") or {}).get("bounded")
+    if not first.get("pair") and bounded:
+        return (f"**Verdict:** no module output differs beyond tolerance, but {bounded} activation(s) were only "
+                "bounded (one side holds a token more): consistent, not verified.")
     if not first.get("pair"):
         return "**Verdict:** no module output differs beyond tolerance."
     return (f"**Verdict:** {len(top)} root-cause candidate(s) (module_priority_rank 1-2); "
@@ -272,8 +277,8 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
                                  "sizes, sequence lengths, or unmerged tensor-parallel shards)"))
     tok = next((r for r in results if r.point == "M.tokens"), None)
     # With the last sampled token not fed, the ids agree over the fed tokens only (tensor mode shows
-    # it; statistics over n and n-1 tokens cannot): not a difference.
-    if tok is not None and tok.status not in ("match", "drift") and not (one_short and tok.status == "incomparable"):
+    # it; statistics over n and n-1 tokens only bound each other): not a difference.
+    if tok is not None and tok.status not in CLEAN + BOUNDED and not (one_short and tok.status == "incomparable"):
         reasons.append(("tokens", f"input token ids differ ({tok.status}: {tok.reason or 'statistics differ'})"))
     compared = [r for r in results if r.status not in ("incomparable", "structural")]
     if not compared:
@@ -292,12 +297,14 @@ def comparability(results: list[Result], summary: dict, layers: dict[str, int], 
 
 def activations_compared(results: list[Result]) -> dict:
     """How many activation comparisons (module inputs and outputs, not parameters, not the ids)
-    ran, and the commonest reason of those that did not. Parameters that agree say nothing about
-    the forward: with no activation compared, no reader may call the pair clean
-    (references/output_schemas.md, output_4 ``comparability.activations``)."""
+    ran, how many were only bounded (one side a token row more: consistent, not verified), and the
+    commonest reason of those that did not run. Parameters that agree say nothing about the
+    forward, nor do bounds that hold: with no activation compared, no reader may call the pair
+    clean (references/output_schemas.md, output_4 ``comparability.activations``)."""
     acts = [r for r in results if r.point != "M.tokens" and not is_parameter_name(r.point)]
     skipped = [r for r in acts if r.status in ("incomparable", "structural")]
+    bounded = sum(r.status in BOUNDED for r in acts)
     why = Counter(r.skip for r in skipped if r.skip is not None)
     main = why.most_common(1)[0][0] if why else None
-    return {"compared": len(acts) - len(skipped), "planned": len(acts),
+    return {"compared": len(acts) - len(skipped) - bounded, "bounded": bounded, "planned": len(acts),
             "main_reason": main and main.reason, "main_skip": main}

@@ -27,9 +27,10 @@ _SAFE = _load_safetext()
 
 REPORT = "report.html"
 STATUS_CLASS = {"match": "match", "drift": "drift", "mismatch": "mismatch", "nonfinite": "nonfinite",
-                "structural": "structural", "incomparable": "incomparable"}
+                "bounded": "bounded", "structural": "structural", "incomparable": "incomparable"}
+# bounded (consistent, not verified) is drawn apart from match: it is not an agreement.
 COLOURS = {"match": "#2e7d32", "drift": "#e6a100", "mismatch": "#c62828", "nonfinite": "#6a1b9a",
-           "structural": "#757575", "incomparable": "#9e9e9e", "other": "#9e9e9e"}
+           "bounded": "#0277bd", "structural": "#757575", "incomparable": "#9e9e9e", "other": "#9e9e9e"}
 GROUPS = (("attention", ("q", "k", "v", "q_rot", "k_rot", "q_normed", "k_normed", "attn_core_out", "attn_out")),
           ("mlp", ("gate", "up", "act_gate", "act_out", "mlp_out")),
           ("norms", ("attn_norm_out", "mlp_norm_out")))
@@ -335,8 +336,9 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
     # A legend entry only for what the chart draws.
     dots = {it["status"] for it in items if not it["structural_clean"] and it["error"] is not None}
     squares = {it["status"] for it in items if not it["structural_clean"] and it["error"] is None}
-    order = ("match", "drift", "mismatch", "nonfinite", "structural", "incomparable")
-    entries = [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9679; {s}</span>'
+    order = ("match", "drift", "mismatch", "nonfinite", "bounded", "structural", "incomparable")
+    words = {"bounded": "bounded (consistent, not verified)"}
+    entries = [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9679; {words.get(s, s)}</span>'
                for s in order if s in dots]
     entries += [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9632; {s}, no error value</span>'
                 for s in order if s in squares]

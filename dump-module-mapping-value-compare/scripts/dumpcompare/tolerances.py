@@ -15,6 +15,9 @@ SEVERITY = {"match": 0, "drift": 1, "mismatch": 2, "nonfinite": 3}
 # The statuses that say the two sides differ, and those that say they agree within tolerance.
 DIVERGED = ("mismatch", "nonfinite")
 CLEAN = ("match", "drift")
+# Consistent, not verified: one side holds a token row more and every bound its statistics set on
+# the other's holds (compare/bounds.py). Neither clean nor diverged: never an all-clear.
+BOUNDED = ("bounded",)
 
 
 def load_tolerances(user_file: str | None = None) -> dict:

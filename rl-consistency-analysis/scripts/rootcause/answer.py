@@ -51,6 +51,11 @@ def names(x) -> str:
     return ", ".join(x) if isinstance(x, list) else str(x)
 
 
+def _activations(doc: dict) -> dict:
+    """output_4 ``comparability.activations`` as output_5 carries it ({} when absent)."""
+    return (doc.get("comparability") or {}).get("activations") or {}
+
+
 def _nothing_compared(doc: dict) -> str | None:
     comp = doc.get("comparability") or {}
     codes, reasons = comp.get("codes") or [], comp.get("reasons") or []
@@ -88,8 +93,11 @@ def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
         out["verdict"] = "inconclusive: nothing was compared"
     elif doc["verdict"] == "inconclusive" and not (doc.get("comparability") or {}).get("comparable", True):
         out["verdict"] = "inconclusive: the two dumps cannot be compared as they are (see the notes)"
-    elif doc["verdict"] == "inconclusive" and ((doc.get("comparability") or {}).get("activations") or {}).get(
-            "compared") == 0:
+    elif doc["verdict"] == "inconclusive" and _activations(doc).get("compared") == 0 and _activations(doc).get(
+            "bounded"):
+        out["verdict"] = ("inconclusive: consistent, not verified (statistics over one token more only bound "
+                          "each other; see the notes)")
+    elif doc["verdict"] == "inconclusive" and _activations(doc).get("compared") == 0:
         out["verdict"] = "inconclusive: only parameters were compared, no activation (see the notes)"
     if doc["root_causes"]:
         top = doc["root_causes"][0]

@@ -6,10 +6,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The result statuses of output_3/4 that say the sides agree within tolerance, and those that say
-# they differ (the compare skill's tolerances.CLEAN / DIVERGED; references/output_schemas.md).
+# The result statuses of output_3/4 that say the sides agree within tolerance, those that say
+# they differ, and those only consistent with bounds, not verified (the compare skill's
+# tolerances.CLEAN / DIVERGED / BOUNDED; references/output_schemas.md).
 CLEAN = ("match", "drift")
 DIVERGED = ("mismatch", "nonfinite")
+BOUNDED = ("bounded",)
 SUPPORTED_MAJORS = ("1", "2")   # 2.0 adds optional fields only (sources steps/files, logprob, per_token)
 
 

@@ -116,13 +116,15 @@ POINT_WORDS = {
     "q_normed": "query after its per-head norm", "k_normed": "key after its per-head norm",
 }
 FIELDS = {
-    "error": "statistics mode: the largest relative difference of Max/Min/Mean/Norm (scaled_error); tensor "
+    "error": "statistics mode: the largest relative difference of Max/Min/Mean/Norm (scaled_error), or with one "
+             "side a token more the largest scaled excess over a bound; tensor "
              "mode: relative L2 error ||rollout - train|| / ||train||",
     "tolerance": "the error a clean pair of these dtypes may show (the looser dtype of the two sides)",
     "margin": "error / tolerance: above 1 the tensor is beyond tolerance",
     "amplification": "(amp) output error / input error of a module: how much it magnifies what it receives",
     "status": "match (within the strict tolerance), drift (between strict and pair tolerance), mismatch, "
-              "nonfinite (NaN/Inf on one side), structural (different layout), incomparable",
+              "nonfinite (NaN/Inf on one side), bounded (one side holds a token more and every bound of the "
+              "statistics holds: consistent, not verified), structural (different layout), incomparable",
     "confidence": "how much the dumps support the finding, 0.01-0.99, with its credence word",
     "side": "the side implicated, or undetermined with side_reason",
     "clean_level": "log-prob view: the largest log-prob change logits within their element tolerance can cause",

@@ -16,6 +16,11 @@ from .evidence import CLEAN, DIVERGED, Evidence
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
 PRECISION_SPREAD = 0.5       # share of compared tensors with differing dtypes that means "a whole side"
 REALIGN_WINDOW = 3           # aligned modules after a suspect that are checked for realignment
+# The note of a run whose activations were all only bounded (the compare skill's bounds.py).
+ONLY_BOUNDED = ("consistent, not verified: one side holds one token more (the last sampled token, never fed to "
+                "the engine), so the statistics only bound each other and every bound holds; this is not an "
+                "all-clear. To decide it, rerun with --model <checkpoint> --token-ids <ids> (a reference forward "
+                "over the same tokens) or dump both sides in tensor mode")
 
 
 @dataclass
@@ -677,6 +682,9 @@ def run(ev: Evidence) -> Triage:
             and (n := departures.all_match(ev)) is not None:
         tri.notes.append(f"the two dumps' activations were not compared with each other, but both sides match the "
                          f"reference forward of the checkpoint at all {n} compared points, each call on its own rows")
+    elif tri.verdict == "no_credible_divergence" and _only_bounded(comp):
+        tri.verdict = "inconclusive"
+        tri.notes.append(ONLY_BOUNDED)
     elif tri.verdict == "no_credible_divergence" and _no_activation_compared(comp):
         tri.verdict = "inconclusive"
         why = comp["activations"].get("main_reason")
@@ -731,6 +739,12 @@ def _from_reference_only(ev: Evidence, tri: Triage, comp: dict, ref_found: list[
         tri.notes += [f"not comparable: {r}" for r in comp.get("reasons", [])]
     _drop_reported(tri)
     return tri
+
+
+def _only_bounded(comp: dict) -> bool:
+    """output_4 ``comparability.activations``: no activation was verified, some were only bounded."""
+    act = comp.get("activations")
+    return isinstance(act, dict) and act.get("compared") == 0 and bool(act.get("bounded"))
 
 
 def _no_activation_compared(comp: dict) -> bool:

@@ -15,6 +15,7 @@ from ..plan import Carrier, PointPlan
 from ..records import Dump, Leaf
 from ..skips import Skip
 from ..tolerances import grade, pair_tolerances, tolerance_for
+from . import bounds as B
 from . import params as P
 from . import tensors as T
 from . import sources
@@ -49,7 +50,7 @@ class Result:
     kind: str
     axis: str
     mode: str                          # statistics | tensor
-    status: str                        # match | drift | mismatch | nonfinite | incomparable | structural
+    status: str                        # match | drift | mismatch | nonfinite | bounded | incomparable | structural
     error: float | None
     tolerance: float | None
     strict_tolerance: float | None
@@ -67,6 +68,8 @@ class Result:
     reference: dict[str, Any] | None = None  # parameters with --model: per side, reference.py
     # Why the comparison (or its tensor part) did not happen; ``reason`` repeats its prose.
     skip: Skip | None = None
+    # One side one token row more, statistics only: the bounds checked and the one broken (bounds.py).
+    bounds: dict[str, Any] | None = None
 
     def skipped(self, code: str, reason: str) -> None:
         """Record that the comparison did not happen (a code of skips.SKIP_CODES) and why.
@@ -121,11 +124,13 @@ class Executor:
     """Runs planned comparisons with the tolerances and tensor access of both sides."""
 
     def __init__(self, train: SideView, rollout: SideView, tolerances: dict, use_tensors: bool = True,
-                 jobs: int = 1, given_ids: list[int] | None = None):
+                 jobs: int = 1, given_ids: list[int] | None = None, bounds: bool = True):
         self.t, self.r, self.tol = train, rollout, tolerances
         self.use_tensors = use_tensors
         self.jobs = jobs
         self.given = given_ids                                   # --token-ids: the whole sequence
+        # Statistics of a side holding one token row more are held to bounds (bounds.py), not skipped.
+        self.bounds = bounds
         self.ids: tuple[np.ndarray, int | None] | None = None   # shared token ids, prompt length
 
     def run(self, plans: list[PointPlan]) -> list[Result]:
@@ -196,6 +201,8 @@ class Executor:
         tensors = self._tensors(plan, tl, rl, res) if self.use_tensors and rep is None else None
         if rep is not None and self.use_tensors and all(lf.data_name for lf in tl + rl):
             res.notes.append("replicated KV heads are compared by statistics (tensor regrouping not done)")
+        if tensors is None and trim and self.bounds and self._judge_bounds(res, trim, tparts, rparts, tl, rl, dt, dr):
+            return res
         if tensors is None and trim:
             res.skipped("extra_token", f"the {trim} side holds one token more (the last sampled token, which the "
                         "engine returns and never feeds back): statistics over different tokens do not compare; "
@@ -272,6 +279,34 @@ class Executor:
             return
         res.error = err
         res.status = grade(err, tol, strict)
+
+    def _judge_bounds(self, res: Result, trim: str, tparts: list[Stats], rparts: list[Stats], tl, rl,
+                      dt, dr) -> bool:
+        """Hold the stitched side's calls to the bounds the other side's statistics set, that side
+        holding one token row more (bounds.py); False when they cannot be checked."""
+        pieces, whole, leaves = (rparts, combine(tparts), rl) if trim == "train" else (tparts, combine(rparts), tl)
+        # Integer ids are exact, as in the equal-token comparison (stats.py).
+        tol, strict = (0.0, 0.0) if is_int_dtype(dt) else pair_tolerances(self.tol["statistics"], dt, dr)
+        v = B.judge(pieces, whole, leaves[-1].numel or 0, tol)
+        if v is None:
+            return False
+        side = "rollout" if trim == "train" else "train"
+        keys = (res.rollout if side == "rollout" else res.train)["keys"]
+        # A piece is a call when the side holds one leaf per call (not parts of a fused tensor).
+        call = v.piece if v.piece is not None and len(set(keys)) == len(pieces) else None
+        res.status, res.error, res.tolerance, res.strict_tolerance = v.status, v.error, tol, strict
+        res.bounds = {"rows_of": side, "whole": trim, "checked": v.checked, "broken": v.broken,
+                      "call": call, "key": keys[call] if call is not None else None}
+        if v.status == "bounded":
+            res.reason = (f"consistent, not verified: the {trim} side holds one token more (the last sampled "
+                          f"token, never fed to the engine), so statistics over different tokens only bound each "
+                          f"other; the {side} calls' {', '.join(v.checked)} hold within tolerance of the {trim} "
+                          "side's; verify with tensor mode, or with --model and --token-ids")
+        else:
+            where = f" at {side} call {call} ({keys[call]})" if call is not None else ""
+            res.reason = (f"bound broken{where}: {v.detail}; the {side} side's tokens are the {trim} side's "
+                          f"but its last, so no rounding within tolerance explains this ({v.broken})")
+        return True
 
     def _size_conflict(self, plan, res: Result, ts: Stats, rs: Stats) -> None:
         tshape, rshape = res.train["shapes"], res.rollout["shapes"]
