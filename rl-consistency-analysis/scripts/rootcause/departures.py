@@ -33,7 +33,8 @@ class Departure:
         part = self.point if self.point != self.dep["point"] else None
         out = []
         for p in self.m["points"]["param"]:
-            if part and not p["point"].startswith(part + "."):
+            # A fused weight holding the part counts: it is the part's weight as that side holds it.
+            if part and not any(x.startswith(part + ".") for x in p["point"].split("+")):
                 continue
             r = self.ev.results.get(p.get("cid")) or {}
             rec = (r.get("reference") or {}).get(self.side)
