@@ -34,7 +34,7 @@ def test_a_sync_mid_generation_is_found_from_its_call(name, tmp_path):
     ev = rc["evidence"]
     assert ev["first_call"] == expected["from_call"] and ev["calls"] == case_doc(name)["forward_calls"]
     assert "per call" in ev["departure"]["how"]
-    assert f"from forward call {expected['from_call']} of {ev['calls']} (decode call {expected['from_call']})" \
+    assert f"from forward call {expected['from_call']} of {ev['calls']} (decode call {expected['from_call']}; " \
         in console.splitlines()[1]
 
 

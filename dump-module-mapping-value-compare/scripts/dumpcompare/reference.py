@@ -275,6 +275,11 @@ def judge_side(ref: SideReference, point: str, view, leaves, layout: str | None,
     cands = expert_layouts(parts, point, shape, ranks) if stacked is not None else layouts(
         parts, shape, ranks, layout == GROUPED, ref.config, any(p in VOCAB_POINTS for p in (base_point, point)),
         base_point.split(".")[1:2] == ["q"])
+    if all(lf.numel == 0 for lf in leaves):
+        # vLLM's CPU build repacks linear weights for oneDNN and leaves an empty tensor behind.
+        return {**base, "matches_reference": "unknown", "how": None, "exact": False,
+                "detail": "not visible: the dump holds an empty tensor for this weight (an engine that keeps it "
+                          "prepacked, such as vLLM's CPU build); compare it in the engine (check_weight_sync.py)"}
     if not cands:
         return {**base, "matches_reference": "unknown", "how": None, "exact": False,
                 "detail": f"reference shape {[list(p.shape) for p in parts]} fits no layout of side shape "

@@ -22,6 +22,10 @@ CONFIG_KEYS = {
 }
 
 
+# Roles of modules that hold several weights fused in one (their rows can be packed in either order).
+FUSED_ROLES = ("qkv", "gate_up", "qkv_a", "experts", "shared_gate_up")
+
+
 def config_keys(role: str | None) -> list[str]:
     """Config keys that govern a module role (generic list when the role is unknown)."""
     return CONFIG_KEYS.get(role or "", ["the module's configuration on both sides", "dtype / autocast settings"])
@@ -52,12 +56,20 @@ def _for_category(f: dict) -> tuple[list[dict], list[str]]:
             _h(f"The weight sync or checkpoint conversion left a different tensor in {r} (rollout) or {t} (train).",
                "one side's tensor differs from the checkpoint while the other matches it",
                "both sides match the checkpoint bit for bit (then the dump compared different tensors)"),
-            _h("The fused weight is packed in a different order than the other side expects "
-               "(q/k/v or gate/up rows, Megatron per-group layout).",
-               "the two weights hold the same values as a multiset (tensor dump) or the fused output "
-               "statistics match while the split parts at consumers differ",
-               "the multiset of values differs (a real corruption or stale weight)"),
         ]
+        # A row order is a hypothesis only where one side fuses what the other keeps apart.
+        if isinstance(f.get("train_module"), list) or isinstance(f.get("rollout_module"), list) \
+                or f.get("train_module") != f.get("rollout_module") or f.get("role") in FUSED_ROLES:
+            hyps.append(_h("The fused weight is packed in a different order than the other side expects "
+                           "(q/k/v or gate/up rows, Megatron per-group layout).",
+                           "the two weights hold the same values as a multiset (tensor dump) or the fused output "
+                           "statistics match while the split parts at consumers differ",
+                           "the multiset of values differs (a real corruption or stale weight)"))
+        else:
+            hyps.append(_h("The engine loaded this weight under another name or from another shard (a loader's "
+                           "name mapping, a tensor-parallel slice taken from the wrong rank).",
+                           "the differing tensor equals another checkpoint tensor, or another rank's slice of this one",
+                           "it equals no tensor of the checkpoint (a stale or corrupted copy)"))
         if f.get("evidence", {}).get("permuted_fused_rows"):
             hyps.reverse()
         checks = [f"Compare {params} of {t} (train) and {r} (rollout) with the checkpoint tensors they were "
