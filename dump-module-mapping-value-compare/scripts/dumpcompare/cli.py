@@ -233,6 +233,9 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
     def p(line: str) -> None:
         # Names come from the dumps: no escape sequence of theirs reaches the terminal.
         print(visible(line))
+    fit = doc4.get("reference_fit") or {}
+    if fit.get("fits") is False:
+        p(f"WARNING {fit['reason']}")
     for side, label in (("train", "train:  "), ("rollout", "rollout:")):
         src = sources[side]
         more = len(src["files"]) - 1
