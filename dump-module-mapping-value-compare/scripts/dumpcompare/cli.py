@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import checkpoint, reference, refforward, replay, token_ids
+from . import checkpoint, reference, reffit, refforward, replay, token_ids
 from . import documents as D
 from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
@@ -142,10 +142,13 @@ def run(args: argparse.Namespace) -> dict:
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
     # Tensor mode: replay the standard modules of each side from its own tensors (replay/).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
+    # Whether the checkpoint is the one these dumps ran: without a fit, nothing names a side from it.
+    fit = reffit.judge(results, plan.comparisons, views, recs, refs)
     forward = None
     if any(refs.values()) and args.reference_forward is not False:
         say("running the reference forward")
         forward = refforward.run(plan.comparisons, views, recs, refs, namer, tolerances, use_tensors, given, results)
+        reffit.withhold_verdict(forward, fit)
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
 
@@ -168,6 +171,7 @@ def run(args: argparse.Namespace) -> dict:
     comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})
     doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
     doc4["reference_forward"] = refforward.summary(forward)
+    doc4["reference_fit"] = fit
     for doc in (doc1, doc2, doc3, doc4):
         doc["partial"] = partial
     say(f"writing outputs to {out}")
@@ -229,6 +233,9 @@ def _summary(s: dict, doc4: dict, sources: dict, mode: str, out: Path) -> None:
     def p(line: str) -> None:
         # Names come from the dumps: no escape sequence of theirs reaches the terminal.
         print(visible(line))
+    fit = doc4.get("reference_fit") or {}
+    if fit.get("fits") is False:
+        p(f"WARNING {fit['reason']}")
     for side, label in (("train", "train:  "), ("rollout", "rollout:")):
         src = sources[side]
         more = len(src["files"]) - 1

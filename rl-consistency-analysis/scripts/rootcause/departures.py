@@ -154,6 +154,8 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
 def findings(ev: Evidence) -> tuple[list[dict], list[str]]:
     """(findings, notes) from the reference forward's departures: one per side that departs where the
     other does not depart at the same point; none when it did not run on both sides."""
+    if not sides.checkpoint_fits(ev):
+        return [], []       # another model's forward: its departures name no side (input_checks notes it)
     rf = ev.analysis.get("reference_forward") or {}
     ran = {s: v for s, v in (rf.get("sides") or {}).items() if s in SIDES and v.get("ran")}
     if len(ran) < 2:

@@ -19,6 +19,8 @@ FAMILY_WORDS = {"hf": "Hugging Face (transformers/FSDP)", "megatron": "Megatron"
 # The compare step's skip code (output_3 ``results[].skip``, references/output_schemas.md "Skip codes")
 # when a tensor file named by a tensor-mode dump cannot be read; its reason reads "<file>: <why>".
 TENSOR_UNAVAILABLE = "tensor_unavailable"
+# The start of the compare step's output_4 ``reference_fit.reason`` when the checkpoint fits neither side.
+NEITHER = "this checkpoint matches neither side: another model, or saved at another step"
 
 
 class InputMistake(Exception):
@@ -55,7 +57,17 @@ def _check_out_dir(out: Path) -> None:
 
 def after(ev: Evidence, given_families: dict[str, str | None]) -> list[str]:
     """Notes on what the compare step read: one dump on both sides, swapped sides, tensor files missing."""
-    return [n for n in (_same_content(ev), _swapped(ev, given_families), _tensors_missing(ev)) if n]
+    return [n for n in (_checkpoint_unfit(ev), _same_content(ev), _swapped(ev, given_families), _tensors_missing(ev))
+            if n]
+
+
+def _checkpoint_unfit(ev: Evidence) -> str | None:
+    """The --model checkpoint matches neither side (the compare step's output_4 ``reference_fit``)."""
+    fit = ev.analysis.get("reference_fit") or {}
+    if fit.get("fits") is not False:
+        return None
+    return (f"{fit.get('reason') or NEITHER}; no side is named from it: pass --model the checkpoint both engines "
+            f"loaded (at the dumped step), or leave --model out")
 
 
 def _digest(files: list[str]) -> str | None:

@@ -43,6 +43,20 @@ def carried() -> dict:
     return {"side": BOTH}
 
 
+def checkpoint_fits(ev: Evidence) -> bool:
+    """False when the compare step found that the --model checkpoint matches neither side (output_4
+    ``reference_fit.fits`` false: another model, or saved at another step); then no side is drawn
+    from it (its parameters, config, replays against its config or forward). True otherwise, also
+    when the fit is unknown (no parameter was held against it)."""
+    return (ev.analysis.get("reference_fit") or {}).get("fits") is not False
+
+
+def unfit_reason(ev: Evidence) -> str:
+    """What a finding's side reason says when the checkpoint fits neither side."""
+    return ((ev.analysis.get("reference_fit") or {}).get("reason") or "the checkpoint matches neither side") + \
+        "; no side is drawn from it: rerun with --model set to the checkpoint both engines loaded"
+
+
 def reference_section(ev: Evidence) -> dict | None:
     """output_5 ``reference``: which checkpoint each side was checked against and what it was taken to be."""
     ref = ev.compare.get("reference")
@@ -259,6 +273,11 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
     Returns next checks naming the exact tensor or key to fix (first in the finding's list).
     """
     replays = replay_evidence(ev, f) if f["category"] != "parameter_or_checkpoint_issue" else []
+    if ev.compare.get("reference") and not checkpoint_fits(ev):
+        # Another model's (or step's) checkpoint: what differs from it says nothing about either side.
+        if f.get("side") in (None, UNDETERMINED):
+            f["side"], f["side_reason"] = UNDETERMINED, unfit_reason(ev)
+        return []
     if not ev.compare.get("reference"):
         differ = _disagreements(replays)
         if differ:
