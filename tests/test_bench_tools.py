@@ -90,12 +90,14 @@ def test_bigdump_size_target_and_fault(tmp_path):
 def test_bench_quick_prints_ratios(tmp_path):
     work = tmp_path / "w"
     proc = _run([BENCH, "--quick", "--size-mb", "0.1", "--layers", "2", "--tensor-hidden", "64",
-                 "--tensor-seq-len", "8", "--tensor-vocab", "128", "--workdir", work])
+                 "--tensor-seq-len", "8", "--tensor-vocab", "128", "--gen-decode", "6", "--gen-layers", "2",
+                 "--gen-hidden", "64", "--gen-vocab", "128", "--workdir", work])
     out = proc.stdout
     assert "median s" in out and "peak MB" in out
     for label in ("ratio statistics compare:", "ratio statistics root cause triage",
                   "ratio statistics end to end", "ratio tensor compare:",
-                  "ratio tensor rootcause:", "ratio wide:"):
+                  "ratio tensor rootcause:", "ratio wide:", "ratio generation compare:",
+                  "ratio generation reference:"):
         line = next((ln for ln in out.splitlines() if ln.startswith(label)), None)
         assert line is not None, (label, out)
         assert re.search(r"= >?\d+\.\d\dx", line), line
@@ -103,7 +105,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert re.search(r"verdict \(full run\): root_cause_found", out), out
     # Generated files are removed without --keep.
     assert not (work / "stats_pair").exists() and not (work / "tensor_pair").exists()
-    assert not list(work.glob("wide_*"))
+    assert not list(work.glob("wide_*")) and not (work / "generation").exists()
 
 
 @pytest.mark.slow
