@@ -90,12 +90,14 @@ def test_bigdump_size_target_and_fault(tmp_path):
 def test_bench_quick_prints_ratios(tmp_path):
     work = tmp_path / "w"
     proc = _run([BENCH, "--quick", "--size-mb", "0.1", "--layers", "2", "--tensor-hidden", "64",
-                 "--tensor-seq-len", "8", "--tensor-vocab", "128", "--workdir", work])
+                 "--tensor-seq-len", "8", "--tensor-vocab", "128", "--gen-decode", "6", "--gen-layers", "2",
+                 "--gen-hidden", "64", "--gen-vocab", "128", "--workdir", work])
     out = proc.stdout
     assert "median s" in out and "peak MB" in out
     for label in ("ratio statistics compare:", "ratio statistics root cause triage",
                   "ratio statistics end to end", "ratio tensor compare:",
-                  "ratio tensor rootcause:", "ratio wide:"):
+                  "ratio tensor rootcause:", "ratio wide:", "ratio generation compare:",
+                  "ratio generation reference:"):
         line = next((ln for ln in out.splitlines() if ln.startswith(label)), None)
         assert line is not None, (label, out)
         assert re.search(r"= >?\d+\.\d\dx", line), line
@@ -103,7 +105,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert re.search(r"verdict \(full run\): root_cause_found", out), out
     # Generated files are removed without --keep.
     assert not (work / "stats_pair").exists() and not (work / "tensor_pair").exists()
-    assert not list(work.glob("wide_*"))
+    assert not list(work.glob("wide_*")) and not (work / "generation").exists()
 
 
 @pytest.mark.slow
@@ -188,3 +190,52 @@ def test_bench_refmodel_memory_stays_near_one_layer(tmp_path):
     over_layer, over_ckpt = map(float, re.search(r"= ([\d.]+)x the largest layer .*, ([\d.]+)x the checkpoint", line).groups())
     assert over_layer < 4.0 and over_ckpt < 0.5, line
     assert not (tmp_path / "w" / "refmodel_llama").exists()
+
+
+@pytest.mark.slow
+def test_bench_generation_prints_its_ratio_lines(tmp_path):
+    """The generation stage at a small size: both ratio lines parse, the reference forward ran and
+    matched the dumps on every call (no departure, so no fault simulation weighs on the time)."""
+    work = tmp_path / "w"
+    proc = _run([BENCH, "--stages", "generation,reftorch", "--repeat", "1", "--gen-prompt", "4", "--gen-decode",
+                 "6", "--gen-layers", "2", "--gen-hidden", "64", "--gen-vocab", "128", "--workdir", work])
+    out = proc.stdout.splitlines()
+    for label, target in (("ratio generation compare:", "1.5x"), ("ratio generation reference:", "1.2x")):
+        line = next((ln for ln in out if ln.startswith(label)), None)
+        assert line is not None, (label, proc.stdout)
+        assert re.search(r"= \d+\.\d\dx \(target <= " + re.escape(target) + r"\), cpu time ratio \d+\.\d\dx", line), line
+        assert "[" not in line, line        # no failed or stopped run
+    info = next(ln for ln in out if ln.startswith("generation pair:"))
+    assert "vLLM prefill 4 + 6 decode calls in one dump" in info and "7 calls x" in info, info
+    for what in ("one forward", "6 decode calls"):
+        ref = next(ln for ln in out if ln.startswith(f"reference forward ({what}):"))
+        assert "ran True" in ref and "both sides match the reference" in ref, ref
+    torch = next(ln for ln in out if ln.startswith("ratio reftorch:"))
+    assert re.search(r"ratio reftorch: (skipped: torch not installed|numpy reference forward / transformers "
+                     r"forward = \d+\.\d\dx)", torch), torch
+    assert not (work / "generation").exists()
+
+
+def test_gendump_writes_the_vllm_generation_shape(tmp_path):
+    import subprocess as sp
+    proc = sp.run([sys.executable, str(ROOT / "tools" / "gendump.py"), "--out", str(tmp_path), "--prompt", "3",
+                   "--decode", "2", "--layers", "2", "--hidden", "32", "--head-dim", "16", "--vocab", "64"],
+                  capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    g = json.loads(proc.stdout.strip().splitlines()[-1])
+    dec = json.loads(Path(g["files"]["rollout_decode"]).read_text())["data"]
+    construct = json.loads((Path(g["files"]["rollout_decode"]).parent / "construct.json").read_text())
+    assert all(KEY.match(k) for k in dec)
+    rot = "Module.model.layers.0.self_attn.rotary_emb.RotaryEmbedding.forward."
+    # One rotary module under layer 0, called per layer and per forward call: call * layers + layer.
+    assert sorted(int(k[len(rot):]) for k in dec if k.startswith(rot)) == list(range(3 * 2))
+    assert not any("layers.1.self_attn.rotary_emb" in k for k in dec)
+    assert construct[rot + "3"] == "Module.model.layers.1.self_attn.LlamaAttention.forward.1"
+    q = "Module.model.layers.1.self_attn.qkv_proj.QKVParallelLinear.forward."
+    assert [dec[q + str(n)]["output"][0]["shape"][0] for n in range(3)] == [3, 1, 1]
+    assert list(construct) == sorted(construct, key=lambda k: int(k.rsplit(".", 1)[1]) if rot not in k
+                                     else int(k.rsplit(".", 1)[1]) // 2)
+    train = json.loads(Path(g["files"]["train"]).read_text())["data"]
+    assert all(k.endswith(".forward.0") for k in train)
+    assert json.loads(Path(g["tokens"]).read_text()) and len(json.loads(Path(g["tokens"]).read_text())) == 5
+    assert (Path(g["model"]) / "model.safetensors").is_file()

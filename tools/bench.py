@@ -27,6 +27,21 @@ Wide module (``wide``): ``tools/widedump.py`` writes pairs whose one module retu
 (and at least 5 s of) runs, and its time per leaf at the largest size is set against that at the smallest (planning
 is linear when the two are close; issue 28).
 
+Generation (``generation``): ``tools/gendump.py`` writes the RL shape of issue 23: the trainer's
+one forward over prompt + response (``--gen-prompt`` + ``--gen-decode`` tokens) against vLLM's
+prefill over the prompt and one decode call per response token in one msprobe step (the rotary
+module shared by all layers under layer 0, construct.json naming each call's layer), the same
+engine's single forward over all the tokens, and the model as a checkpoint whose forward the dumps
+are. Runs are interleaved (one round of every command, ``--repeat`` rounds) and two ratio lines
+printed: ``run_compare.py`` on the decode pair without ``--model`` against ``json.load`` of the same
+two files (target 1.5x), and with ``--model``/``--token-ids`` against the same command on the
+single-forward pair (target 1.2x).
+
+Reference forward against transformers (``reftorch``, by name): the numpy forward of
+dumpcompare.refmodel on a random 1B+ bf16 Llama (``--reftorch-mb``) over ``--reftorch-tokens``
+tokens against transformers' CPU forward of the same checkpoint; skipped when torch and
+transformers are not importable by ``--python``.
+
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
 
@@ -70,10 +85,11 @@ COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.
 ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
 TRIAGE_LOGPROBS = ROOT / "rl-consistency-analysis" / "scripts" / "triage_logprobs.py"
 TESTS = ROOT / "tests"
-STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "wide", "refmodel")
-# Stages run when --stages is not given: the refmodel stage writes a checkpoint of hundreds of MB
-# and is asked for by name (make bench runs it after the others).
-DEFAULT_STAGES = STAGES[:-1]
+STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "wide", "generation",
+          "refmodel", "reftorch")
+# Stages run when --stages is not given: the refmodel and reftorch stages write checkpoints of hundreds
+# of MB (reftorch: over 2 GB) and are asked for by name (make bench runs refmodel after the others).
+DEFAULT_STAGES = STAGES[:-2]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1e6
 
@@ -683,6 +699,15 @@ def main(argv=None) -> int:
     ap.add_argument("--wide-leaves", default=None,
                     help="comma-separated output counts of the wide stage's one module "
                          "(default 10000,100000,300000; 2000,10000 with --quick)")
+    ap.add_argument("--gen-prompt", type=int, default=32, help="prompt tokens of the generation stage (default 32)")
+    ap.add_argument("--gen-decode", type=int, default=None,
+                    help="decode calls of the generation stage (default 256; 32 with --quick)")
+    ap.add_argument("--gen-layers", type=int, default=4, help="decoder layers of the generation model (default 4)")
+    ap.add_argument("--gen-hidden", type=int, default=256, help="hidden size of the generation model (default 256)")
+    ap.add_argument("--gen-vocab", type=int, default=1024, help="vocabulary of the generation model (default 1024)")
+    ap.add_argument("--reftorch-mb", type=float, default=2200.0,
+                    help="size of the random bf16 Llama of the reftorch stage (default 2200: 1.1B parameters)")
+    ap.add_argument("--reftorch-tokens", type=int, default=1024, help="tokens of the reftorch forwards (default 1024)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
 
@@ -694,6 +719,7 @@ def main(argv=None) -> int:
     args.tensor_seq_len = args.tensor_seq_len or (16 if q else 1024)
     args.tensor_vocab = args.tensor_vocab or (256 if q else 65536)
     args.logprob_tokens = args.logprob_tokens or (100_000 if q else 1_000_000)
+    args.gen_decode = args.gen_decode or (32 if q else 256)
     try:
         args.wide_leaves = [int(x) for x in (args.wide_leaves or ("2000,10000" if q else "10000,100000,300000"))
                             .split(",") if x.strip()]
@@ -788,8 +814,13 @@ def main(argv=None) -> int:
         if "wide" in stages:
             run_wide(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
+        if "generation" in stages:
+            run_generation(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+
         if "refmodel" in stages:
             run_refmodel(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+        if "reftorch" in stages:
+            run_reftorch(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
         info_lines.append(f"machine: {os.cpu_count()} cores, "
                           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
@@ -884,6 +915,155 @@ def run_refmodel(args, work: Path, mem_limit: int, created: list, results: dict,
             f"{_fmt_ratio(_ratio(over, sizes['file_bytes']))} the checkpoint; median {_fmt_s(st.median)} s")
         results["refmodel"] = {**sizes, "peak_bytes": st.peak, "baseline_peak_bytes": base.peak,
                                "median_s": st.median}
+
+
+JSON_LOAD_ALL = "import json, sys\nfor p in sys.argv[1:]:\n    with open(p, 'rb') as f:\n        json.load(f)\n"
+
+
+def run_interleaved(specs: list[tuple[str, list[str]]], repeat: int, *, timeout=None, mem_limit=None) -> list[Stage]:
+    """Run each command once per round, ``repeat`` rounds: ratios between them measured under the
+    same load (a shared machine's load drifts between one command's repeats and the next's)."""
+    stages = [Stage(name, timeout=timeout) for name, _ in specs]
+    for i in range(repeat):
+        for st, (name, cmd) in zip(stages, specs):
+            if st.failed is not None:
+                continue
+            log(f"{name}: run {i + 1}/{repeat}")
+            r = run_measured(cmd, timeout=timeout, mem_limit=mem_limit)
+            st.runs.append(r)
+            log(f"{name}: {r.wall:.2f} s (cpu {r.cpu:.2f} s), peak {r.peak / MB:.0f} MB, "
+                + ("ok" if r.ok else st.status()))
+    return stages
+
+
+def _reference_verdict(out_dir: Path) -> str:
+    try:
+        doc = json.loads((out_dir / "output_4_module_analysis.json").read_text())
+    except (OSError, ValueError):
+        return "-"
+    rf = doc.get("reference_forward") or {}
+    sides = rf.get("sides") or {}
+    parts = [f"{s} {v.get('matching')}/{v.get('points')} points" for s, v in sides.items() if isinstance(v, dict)]
+    return f"ran {rf.get('ran')}, {', '.join(parts)}, verdict: {(rf.get('verdict') or {}).get('reason', '-')}"
+
+
+def run_generation(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+                   ratio_lines: list, info_lines: list) -> None:
+    """A trainer forward over prompt + response against vLLM's prefill and decode calls in one dump
+    (tools/gendump.py): run_compare.py against json.load of the same files, and with --model against
+    the same command on an engine that ran one forward over the same tokens (issue 23)."""
+    py = args.python
+    folder = work / "generation"
+    created.append(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    cmd = [py, str(ROOT / "tools" / "gendump.py"), "--out", str(folder), "--prompt", str(args.gen_prompt),
+           "--decode", str(args.gen_decode), "--layers", str(args.gen_layers), "--hidden", str(args.gen_hidden),
+           "--vocab", str(args.gen_vocab), "--seed", str(args.seed)]
+    log("generation: writing the pair: " + " ".join(cmd[2:]))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: gendump failed:\n{proc.stderr}")
+    g = json.loads(proc.stdout.strip().splitlines()[-1])
+    b = g["bytes"]
+    info_lines.append(
+        f"generation pair: trainer 1 forward over {g['prompt'] + g['decode']} tokens ({_mb(b['train'])} MB), "
+        f"vLLM prefill {g['prompt']} + {g['decode']} decode calls in one dump ({_mb(b['rollout_decode'])} MB, "
+        f"{g['calls']} calls x {g['entries_per_call']} modules, shared rotary under layer 0) or one forward "
+        f"({_mb(b['rollout_prefill'])} MB); {g['layers']} layers, hidden {g['hidden']}, vocab {g['vocab']}")
+    ref = ["--model", g["model"], "--token-ids", g["tokens"]]
+
+    def compare(rollout: str, out: str, extra: list[str]) -> list[str]:
+        created.append(work / out)
+        return [py, str(COMPARE), "--train", g["train"], "--rollout", rollout, "--out-dir", str(work / out),
+                "--quiet", *extra]
+
+    specs = [("generation: json.load (trainer + decode dump)",
+              [py, "-c", JSON_LOAD_ALL, g["files"]["train"], g["files"]["rollout_decode"]]),
+             (f"generation: compare, {g['decode']} decode calls",
+              compare(g["rollout_decode"], "out_gen_decode", [])),
+             ("generation: compare --model, one forward", compare(g["rollout_prefill"], "out_gen_prefill_ref", ref)),
+             (f"generation: compare --model, {g['decode']} decode calls",
+              compare(g["rollout_decode"], "out_gen_decode_ref", ref))]
+    timeout = args.stage_timeout or 600.0
+    base, plain, one, many = run_interleaved(specs, args.repeat, timeout=timeout, mem_limit=mem_limit)
+    for st, against in ((base, None), (plain, base), (one, None), (many, one)):
+        results["stages"][st.name] = _stage_json(st)
+        rows.append(stage_row(st, against.median if against else None, None))
+    r = _ratio_parts(plain, base.median, base.cpu_median)
+    ratio_lines.append(
+        f"ratio generation compare: time / json.load(both files) = {r['time']} (target <= 1.5x), "
+        f"cpu time ratio {r['cpu']}; {g['decode']} decode calls, statistics, no --model; "
+        f"median {_fmt_s(plain.median)} s, peak {r['peak_mb']} MB{r['tag']}")
+    r = _ratio_parts(many, one.median, one.cpu_median)
+    ratio_lines.append(
+        f"ratio generation reference: time / the same tokens in one forward = {r['time']} (target <= 1.2x), "
+        f"cpu time ratio {r['cpu']}; --model --token-ids, {g['decode']} decode calls judged one by one; "
+        f"median {_fmt_s(many.median)} s against {_fmt_s(one.median)} s, peak {r['peak_mb']} MB{r['tag']}")
+    for st, out in ((one, "out_gen_prefill_ref"), (many, "out_gen_decode_ref")):
+        if st.failed is None:
+            info_lines.append(f"reference forward ({st.name.split(', ', 1)[1]}): {_reference_verdict(work / out)}")
+    results["generation"] = {**g, "json_load_s": base.median, "compare_s": plain.median,
+                             "reference_one_forward_s": one.median, "reference_decode_s": many.median}
+    results["ratio_lines"] = list(ratio_lines)
+
+
+TORCH_CHECK = "import torch, transformers\nprint(torch.__version__, transformers.__version__)\n"
+TORCH_FORWARD = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+torch.set_num_threads(int(sys.argv[3]))
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.bfloat16)
+model.eval()
+n = model.config.vocab_size
+ids = torch.arange(int(sys.argv[2])).mul(7919).remainder(n).unsqueeze(0)
+with torch.no_grad():
+    out = model(input_ids=ids)
+print(float(out.logits.float().norm()))
+"""
+
+
+def run_reftorch(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+                 ratio_lines: list, info_lines: list) -> None:
+    """The numpy reference forward against transformers' CPU forward of the same random 1B+ bf16
+    Llama over --reftorch-tokens tokens; skipped without torch and transformers."""
+    chk = subprocess.run([args.python, "-c", TORCH_CHECK], capture_output=True, text=True)
+    if chk.returncode != 0:
+        st = Stage("reftorch: transformers forward", skipped="skipped: torch not installed")
+        rows.append(stage_row(st))
+        results["stages"][st.name] = _stage_json(st)
+        ratio_lines.append(f"ratio reftorch: skipped: torch not installed (torch and transformers are not "
+                           f"importable by {args.python})")
+        results["ratio_lines"] = list(ratio_lines)
+        return
+    import refmodel_bench as rb
+
+    folder = work / "reftorch_llama"
+    created.append(folder)
+    log(f"reftorch: writing a random Llama checkpoint of ~{args.reftorch_mb:g} MB in {folder}")
+    proc = subprocess.run([args.python, str(ROOT / "tools" / "refmodel_bench.py"), "--out", str(folder),
+                           "--size-mb", str(args.reftorch_mb), "--seed", str(args.seed)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: refmodel_bench failed:\n{proc.stderr}")
+    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    info_lines.append(f"reftorch checkpoint: {_mb(sizes['file_bytes'])} MB bf16 "
+                      f"({sizes['file_bytes'] / 2e9:.2f}B parameters), {sizes['layers']} layers; "
+                      f"{args.reftorch_tokens} tokens; torch/transformers {chk.stdout.strip()}")
+    specs = [("reftorch: transformers forward (bf16, CPU)",
+              [args.python, "-c", TORCH_FORWARD, str(folder), str(args.reftorch_tokens), str(os.cpu_count() or 1)]),
+             ("reftorch: numpy reference forward (bf16)",
+              [args.python, "-c", rb.FORWARD, str(rb.SCRIPTS), str(folder), str(args.reftorch_tokens), "bf16"])]
+    torch_st, numpy_st = run_interleaved(specs, args.repeat, timeout=args.stage_timeout or 3600.0,
+                                         mem_limit=mem_limit)
+    for st, against in ((torch_st, None), (numpy_st, torch_st)):
+        results["stages"][st.name] = _stage_json(st)
+        rows.append(stage_row(st, against.median if against else None, sizes["file_bytes"]))
+    r = _ratio_parts(numpy_st, torch_st.median, torch_st.cpu_median)
+    ratio_lines.append(
+        f"ratio reftorch: numpy reference forward / transformers forward = {r['time']}, cpu time ratio {r['cpu']}; "
+        f"{args.reftorch_tokens} tokens, median {_fmt_s(numpy_st.median)} s against {_fmt_s(torch_st.median)} s, "
+        f"peak {r['peak_mb']} MB{r['tag']}")
+    results["ratio_lines"] = list(ratio_lines)
 
 
 def run_wide(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,

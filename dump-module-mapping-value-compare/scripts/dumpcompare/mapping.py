@@ -214,7 +214,19 @@ def _one_sided(sides, fwd, paired, pairs, fam, namer: Namer) -> list[OneSided]:
                    for s, recs in fwd.items()}
     for s, recs in fwd.items():
         other = "rollout" if s == "train" else "train"
-        ordered = [r.index for r in recs]
+        # The nearest paired record before and after each position, in two linear passes (a
+        # generation's decode calls leave thousands of one-sided records: a scan per record was quadratic).
+        mine = pair_of[s]
+        before_at, after_at, last = [], [None] * len(recs), None
+        for r in recs:
+            before_at.append(last)
+            if r.index in mine:
+                last = mine[r.index]
+        last = None
+        for pos in range(len(recs) - 1, -1, -1):
+            after_at[pos] = last
+            if recs[pos].index in mine:
+                last = mine[recs[pos].index]
         for pos, r in enumerate(recs):
             if r.index in paired[s]:
                 continue
@@ -222,8 +234,7 @@ def _one_sided(sides, fwd, paired, pairs, fam, namer: Namer) -> list[OneSided]:
             if rule is None and r.call > 0 and (r.canonical, 0) in first_calls[s]:
                 rule = {"reason": f"call {r.call} of a module the {other} side runs once (a decode step or a "
                                   "recompute): its activations are stitched onto call 0 along the tokens"}
-            before = next((pair_of[s][i] for i in reversed(ordered[:pos]) if i in pair_of[s]), None)
-            after = next((pair_of[s][i] for i in ordered[pos + 1:] if i in pair_of[s]), None)
+            before, after = before_at[pos], after_at[pos]
             if rule:
                 reason = rule["reason"]
             elif r.role is None:

@@ -210,14 +210,19 @@ class RankMerge:
         self.n = 1
         self.folded = {base.folded}
         self.salvage = base.salvage
-        # Per entry of rank 0: None (kept as is), or one _LeafMerge (None: kept) per leaf.
-        self.acc: list[list | None] = [
-            [_LeafMerge(lf, base) if lf.is_tensor else None for lf in e.leaves]
-            if e.direction == FORWARD and e.kind == "module" else None for e in base.entries]
+        # Per entry of rank 0: None (kept as is), or one _LeafMerge (None: kept) per leaf. Built when
+        # a second rank arrives: a side of one rank (most inputs) never needs it.
+        self.acc: list[list | None] | None = None
         self.missing = 0
+
+    def _start(self) -> list[list | None]:
+        return [[_LeafMerge(lf, self.base) if lf.is_tensor else None for lf in e.leaves]
+                if e.direction == FORWARD and e.kind == "module" else None for e in self.base.entries]
 
     def add(self, d: Dump) -> None:
         """Merge in the next rank's dump (ranks in rank order)."""
+        if self.acc is None:
+            self.acc = self._start()
         self.n += 1
         self.folded.add(d.folded)
         self.salvage = self.salvage or d.salvage
