@@ -6,8 +6,9 @@ import functools
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from . import checkpoint, reference, reffit, refforward, replay, token_ids
 from . import documents as D
@@ -20,6 +21,7 @@ from .loaders.assembly import assemble_sides
 from .loaders.inputs import plan_inputs, survey
 from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
+from .plan import MappingPlan
 from .naming import Namer, load_profiles
 from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
@@ -95,13 +97,61 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What the command line fixes before any dump is read."""
+    namer: Namer
+    tolerances: dict
+    refs: dict
+    given: list[int] | None
+    saved: dict | None
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """Both sides read and named."""
+    inputs: object
+    dumps: dict
+    families: dict
+    recs: dict
+    layouts: dict
+    say: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """The plan executed and every check on top of it."""
+    plan: MappingPlan
+    results: list
+    replays: list | None
+    fit: dict | None
+    forward: dict | None
+
+
 def run(args: argparse.Namespace) -> dict:
-    """Run the whole pipeline; returns the output_4 document."""
+    """Run the whole pipeline; returns the output_4 document. Each phase returns a new value;
+    the documents are built once from the finished values."""
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out-dir exists and is not a folder")
+    setup = _setup(args)
+    loaded = _load(args, setup)
+    compared = _compare(args, setup, loaded)
+    docs = _documents(setup, loaded, compared)
+    _write(out, docs, loaded.say)
+    if not args.quiet:
+        try:
+            _summary(docs["doc2"]["summary"], docs["doc4"], docs["sources"], docs["doc3"]["mode"], out)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # A reader that stopped early (`| head`): the outputs are written; say nothing more.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return docs["doc4"]
+
+
+def _setup(args: argparse.Namespace) -> _Setup:
+    """Naming profiles, tolerances, the checkpoint(s), the given token ids and a saved plan."""
     namer = Namer(load_profiles(args.naming))
-    tolerances = load_tolerances(args.tolerances)
     refs = _references(args, namer)
     counts = {r.config.get("num_hidden_layers") for r in refs.values() if r is not None}
     if len(counts) == 1 and isinstance(n := counts.pop(), int):
@@ -109,25 +159,36 @@ def run(args: argparse.Namespace) -> dict:
     given = token_ids.parse_given(args.token_ids)
     if args.reference_forward and not any(refs.values()):
         raise InputError("--reference-forward needs --model (or --train-model/--rollout-model)")
-    saved = plan_io.read(args.plan) if args.plan else None
+    return _Setup(namer, load_tolerances(args.tolerances), refs, given,
+                  plan_io.read(args.plan) if args.plan else None)
+
+
+def _load(args: argparse.Namespace, setup: _Setup) -> _Loaded:
+    """Find, read and name both sides (the input plan: steps, ranks, files)."""
     inputs = plan_inputs({s: getattr(args, s) for s in SIDES}, {s: getattr(args, f"{s}_step") for s in SIDES},
                          {s: getattr(args, f"{s}_rank") for s in SIDES},
                          {s: survey(getattr(args, s), s, args.format) for s in SIDES})
-    flat = [f for s in SIDES for f in inputs.side(s).files]
-    say = _progress(args.quiet, flat)
+    say = _progress(args.quiet, [f for s in SIDES for f in inputs.side(s).files])
     # Joined steps are renumbered call by call, so their calls are not folded.
     fold = not args.no_fold_calls and not any(len(inputs.side(s).steps) > 1 for s in SIDES)
-    sides = assemble_sides(inputs, namer, {s: getattr(args, f"{s}_family") for s in SIDES}, fold=fold,
+    sides = assemble_sides(inputs, setup.namer, {s: getattr(args, f"{s}_family") for s in SIDES}, fold=fold,
                            fmt=args.format, jobs=args.jobs, progress=say)
-    dumps, fams, recs, layouts = ({s: getattr(sides[s], a) for s in SIDES} for a in ("dump", "family", "recs", "layout"))
-    say("mapping and comparing")
-    if saved:
-        plan = plan_io.resolve(saved, args.plan, recs)
+    return _Loaded(inputs, *({s: getattr(sides[s], a) for s in SIDES} for a in ("dump", "family", "recs", "layout")),
+                   say)
+
+
+def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compared:
+    """Plan the comparisons, execute them, and hold each side against the checkpoint."""
+    dumps, recs, refs, tolerances = loaded.dumps, loaded.recs, setup.refs, setup.tolerances
+    loaded.say("mapping and comparing")
+    if setup.saved:
+        plan = plan_io.resolve(setup.saved, args.plan, recs)
     else:
         values = value_align.Values({s: dumps[s].entries for s in dumps}, tolerances["statistics"])
-        plan = build_plan(recs["train"], recs["rollout"], namer, functools.partial(value_align.align, values=values))
+        plan = build_plan(recs["train"], recs["rollout"], setup.namer,
+                          functools.partial(value_align.align, values=values))
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
-    views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, fams[s]),
+    views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, loaded.families[s]),
                          [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
     use_tensors = not args.statistics_only
@@ -135,10 +196,10 @@ def run(args: argparse.Namespace) -> dict:
     # Without a checkpoint, statistics over one token row more are held to bounds (compare/bounds.py);
     # with one, the reference forward over --token-ids is what verifies them.
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
-                       jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=given,
+                       jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=setup.given,
                        bounds=not any(refs.values())).run(plan.comparisons)
     if any(refs.values()):
-        say("checking parameters against the reference checkpoint")
+        loaded.say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
     # Tensor mode: replay the standard modules of each side from its own tensors (replay/).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
@@ -146,55 +207,56 @@ def run(args: argparse.Namespace) -> dict:
     fit = reffit.judge(results, plan.comparisons, views, recs, refs)
     forward = None
     if any(refs.values()) and args.reference_forward is not False:
-        say("running the reference forward")
-        forward = refforward.run(plan.comparisons, views, recs, refs, namer, tolerances, use_tensors, given, results)
-        reffit.withhold_verdict(forward, fit)
-    verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
-    mode = "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
+        loaded.say("running the reference forward")
+        forward = reffit.withhold_verdict(refforward.run(plan.comparisons, views, recs, refs, setup.namer,
+                                                         tolerances, use_tensors, setup.given, results), fit)
+    return _Compared(plan, results, replays, fit, forward)
 
-    sources = {s: D.source_info(dumps[s], fams[s], inputs.side(s), layouts[s]) for s in dumps}
-    sources["input_plan"] = plan_doc = inputs.to_json()
+
+def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared) -> dict:
+    """output_1..4 (JSON and their CSV/markdown views) and the sources record."""
+    recs, plan, results, refs = loaded.recs, compared.plan, compared.results, setup.refs
+    sources = {s: D.source_info(loaded.dumps[s], loaded.families[s], loaded.inputs.side(s), loaded.layouts[s])
+               for s in loaded.dumps}
+    sources["input_plan"] = plan_doc = loaded.inputs.to_json()
     partial = any(sources[s]["partial"] for s in SIDES)
+    verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
+    doc1, view1 = D.output_1(sources, recs)
+    doc2, view2 = D.output_2(plan, recs["train"], recs["rollout"])
+    doc3, view3 = D.output_3(results, setup.tolerances, D.mode(results),
+                             {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None,
+                             replays=compared.replays, forward=compared.forward)
+    comp = D.comparability(results, doc2["summary"], D.layer_counts(recs),
+                           {"how": plan_doc["tokens"]["how"], "verified": plan_doc["tokens"]["verified"]})
+    doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp,
+                           forward=refforward.summary(compared.forward), fit=compared.fit)
+    docs = {"doc1": doc1, "doc2": doc2, "doc3": doc3, "doc4": doc4}
+    for doc in docs.values():
+        doc["partial"] = partial
+    return {**docs, "views": (view1, view2, view3, md4), "sources": sources}
+
+
+def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
+    """Every output file, each written whole (a reader never sees half a file)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"{out}: --out-dir cannot be created ({exc.strerror or type(exc).__name__}); "
                          f"choose a writable folder") from None
-    doc1, (h1, r1) = D.output_1(sources, recs)
-    doc2, (h2, r2) = D.output_2(plan, recs["train"], recs["rollout"])
-    doc3, (h3, r3) = D.output_3(results, tolerances, mode,
-                                {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None)
-    doc3["replays"] = replays
-    doc3["reference_forward"] = forward
-    layers = {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
-    evidence = plan_doc["tokens"]
-    comp = D.comparability(results, doc2["summary"], layers, {"how": evidence["how"], "verified": evidence["verified"]})
-    doc4, md4 = D.output_4(verdicts, first, plan, results, recs, partial, comp)
-    doc4["reference_forward"] = refforward.summary(forward)
-    doc4["reference_fit"] = fit
-    for doc in (doc1, doc2, doc3, doc4):
-        doc["partial"] = partial
+    (h1, r1), (h2, r2), (h3, r3), md4 = docs["views"]
     say(f"writing outputs to {out}")
-    write_json(out / "output_1_key_mapping.json", doc1)
+    write_json(out / "output_1_key_mapping.json", docs["doc1"])
     write_csv(out / "output_1_key_mapping.csv", h1, r1)
-    write_json(out / "output_2_mapping.json", doc2)
+    write_json(out / "output_2_mapping.json", docs["doc2"])
     write_csv(out / "output_2_mapping.csv", h2, r2)
-    write_json(out / "output_3_value_compare.json", doc3)
+    write_json(out / "output_3_value_compare.json", docs["doc3"])
     write_csv(out / "output_3_value_compare.csv", h3, r3)
-    write_json(out / "output_4_module_analysis.json", doc4)
+    write_json(out / "output_4_module_analysis.json", docs["doc4"])
     write_atomic(out / "output_4_module_analysis.md", md4)
-    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(doc3), clean(doc4), sources))
+    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(docs["doc3"]), clean(docs["doc4"]), docs["sources"]))
     # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
     remove_stale(out, COMPARE_OUTPUTS)
     say("done")
-    if not args.quiet:
-        try:
-            _summary(doc2["summary"], doc4, sources, mode, out)
-            sys.stdout.flush()
-        except BrokenPipeError:
-            # A reader that stopped early (`| head`): the outputs are written; say nothing more.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return doc4
 
 
 def _references(args: argparse.Namespace, namer: Namer) -> dict:

@@ -138,12 +138,19 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     return doc, [header, rows]
 
 
-def output_3(results: list[Result], tolerances: dict, mode: str, reference: dict | None = None) -> tuple[dict, list]:
-    """Value comparison: one record per executed comparison; ``reference``: the checkpoint per side."""
+def mode(results: list[Result]) -> str:
+    """output_3 ``mode``: tensor when any comparison read tensors, else statistics."""
+    return "tensor" if any(r.mode == "tensor" for r in results) else "statistics"
+
+
+def output_3(results: list[Result], tolerances: dict, mode: str, reference: dict | None = None,
+             replays: list | None = None, forward: dict | None = None) -> tuple[dict, list]:
+    """Value comparison: one record per executed comparison; ``reference``: the checkpoint per side;
+    ``replays`` and ``forward``: the tensor-mode replays and the reference forward (None when not run)."""
     doc = {"mode": mode, "tolerances": tolerances, "reference": reference,
            "summary": dict(Counter(r.status for r in results)),
            "logprob": logits_view(results),
-           "results": results}
+           "results": results, "replays": replays, "reference_forward": forward}
     header = ["cid", "point", "kind", "mode", "status", "error", "tolerance", "train_modules", "rollout_modules",
               "train_dtype", "rollout_dtype", "train_shape", "rollout_shape", "max_diff", "min_diff", "mean_diff",
               "norm_diff", "norm_rel", "cosine", "rel_l2", "max_abs", "frac_within_tol", "first_token_past_tol",
@@ -188,8 +195,10 @@ def _ref_cells(ref: dict | None) -> list:
 
 
 def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, results: list[Result],
-             recs: dict[str, list[ModuleRecord]], partial: bool, comparability: dict) -> tuple[dict, str]:
-    """Module analysis: verdicts in train order, first divergence, one-sided module point statuses."""
+             recs: dict[str, list[ModuleRecord]], partial: bool, comparability: dict,
+             forward: dict | None = None, fit: dict | None = None) -> tuple[dict, str]:
+    """Module analysis: verdicts in train order, first divergence, one-sided module point statuses;
+    ``forward`` and ``fit``: the reference forward's summary and the checkpoint's fit (None without one)."""
     by_point = {r.point: r for r in results if r.pair is None}
     one_sided = []
     for o in plan.one_sided:
@@ -202,7 +211,7 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
            "rank_meanings": {str(k): v for k, v in RANK_MEANINGS.items()},
-           "modules": verdicts, "one_sided": one_sided}
+           "modules": verdicts, "one_sided": one_sided, "reference_forward": forward, "reference_fit": fit}
     return doc, _markdown_4(verdicts, first, partial, comparability)
 
 
@@ -257,6 +266,11 @@ def _markdown_4(verdicts, first, partial, comparability) -> str:
                      f"{_names(v.rollout_modules)} | {v.input_status} | {v.parameter_status} | "
                      f"{v.output_status} | {fmt(v.amplification)} | {v.status} |")
     return "\n".join(lines) + "\n"
+
+
+def layer_counts(recs: dict[str, list[ModuleRecord]]) -> dict[str, int]:
+    """Per side, how many distinct layers its dumped modules belong to (comparability's input)."""
+    return {s: len({r.layer for r in recs[s] if r.layer is not None and r.kind == "module"}) for s in recs}
 
 
 def comparability(results: list[Result], summary: dict, layers: dict[str, int], tokens: dict | None = None) -> dict:

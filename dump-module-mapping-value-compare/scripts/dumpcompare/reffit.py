@@ -130,7 +130,8 @@ def _counts(side: str, c: dict) -> str:
     return text
 
 
-def withhold_verdict(forward: dict | None, fit: dict | None) -> None:
-    """The reference forward names no side from a checkpoint that fits neither (its verdict says why)."""
+def withhold_verdict(forward: dict | None, fit: dict | None) -> dict | None:
+    """The reference forward, naming no side from a checkpoint that fits neither (its verdict says why)."""
     if forward is not None and fit is not None and fit["fits"] is False:
-        forward["verdict"] = {"side": "undetermined", "reason": NEITHER, "checkpoint_fits": False}
+        return {**forward, "verdict": {"side": "undetermined", "reason": NEITHER, "checkpoint_fits": False}}
+    return forward
