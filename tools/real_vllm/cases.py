@@ -5,7 +5,7 @@ Public API:
     fault(side, kind, target, how, **extra) -> dict
         side: rollout | train; kind: stale_weight | wrong_shard | norm_eps | rope_theta;
         how: checkpoint (a stale tensor in the folder that side loaded), hf_overrides (a config value
-        vLLM was given), sync_mid (vLLM's weights replaced before forward call ``call``)
+        vLLM was given; ``overrides`` the dict passed when the bare key would not reach the model), sync_mid (vLLM's weights replaced before forward call ``call``)
     CASES                       name -> Case, in priority order
     expected(case) -> dict      the ``expected`` block, from the fault alone
     describe(case, measured) -> dict   the case.json document (schema 1 of tools/real_dumps/README.md,
@@ -151,4 +151,25 @@ CASES = dict([
        fault=fault("rollout", "stale_weight", "model.embed_tokens.weight", "checkpoint")),
     _c("llama_stale_lm_head_stats_onestep_sampled", temperature=0.8, prompt_len=5, max_tokens=3,
        fault=fault("rollout", "stale_weight", "lm_head.weight", "checkpoint")),
+    # families beyond Llama/Mistral/Qwen (issue 23)
+    _c("gemma2_clean_stats_onestep", family="gemma2"),
+    # Gemma 2's sandwich norm after the MLP: a module no other family of the corpus has
+    _c("gemma2_stale_post_ff_norm_stats_onestep", family="gemma2",
+       fault=fault("rollout", "stale_weight", "model.layers.1.post_feedforward_layernorm.weight", "checkpoint")),
+    _c("gemma3_clean_stats_onestep", family="gemma3"),
+    # layer 2 is Gemma 3's global-attention layer (rope base 1e6, no window)
+    _c("gemma3_stale_k_norm_stats_percall", family="gemma3", per_call=True,
+       fault=fault("rollout", "stale_weight", "model.layers.2.self_attn.k_norm.weight", "checkpoint")),
+    _c("phi3_clean_stats_onestep", family="phi3"),
+    # Phi-3's checkpoint holds qkv_proj already fused: the same module name on both sides
+    _c("phi3_stale_qkv_proj_stats_onestep", family="phi3",
+       fault=fault("rollout", "stale_weight", "model.layers.1.self_attn.qkv_proj.weight", "checkpoint")),
+    _c("phi3_stale_train_gate_up_stats_onestep", family="phi3",
+       fault=fault("train", "stale_weight", "model.layers.0.mlp.gate_up_proj.weight", "checkpoint")),
+    # a config fault other than the norm epsilon: the rollout rotates with another rope base
+    _c("llama_rope_theta_override_stats_onestep",
+       fault=fault("rollout", "rope_theta", "rope_theta", "hf_overrides", value=1000.0,
+                   overrides={"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}}),
+       notes="hf_overrides {'rope_theta': 1000.0} alone changes nothing in vLLM 0.32 (its rope reads "
+             "rope_parameters): the override sets rope_parameters"),
 ])
