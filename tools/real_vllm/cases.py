@@ -3,9 +3,10 @@
 Public API:
     Case                        dataclass (see fields); ``case.fault`` None for a clean pair
     fault(side, kind, target, how, **extra) -> dict
-        side: rollout | train; kind: stale_weight | wrong_shard | norm_eps | rope_theta;
+        side: rollout | train; kind: stale_weight | wrong_shard | norm_eps | rope_theta | attn_impl;
         how: checkpoint (a stale tensor in the folder that side loaded), hf_overrides (a config value
-        vLLM was given; ``overrides`` the dict passed when the bare key would not reach the model), sync_mid (vLLM's weights replaced before forward call ``call``)
+        vLLM was given; ``overrides`` the dict passed when the bare key would not reach the model),
+        config (a config.json value of the folder that side loaded: ``target`` set to ``value``), sync_mid (vLLM's weights replaced before forward call ``call``)
     CASES                       name -> Case, in priority order
     expected(case) -> dict      the ``expected`` block, from the fault alone
     describe(case, measured) -> dict   the case.json document (schema 1 of tools/real_dumps/README.md,
@@ -17,7 +18,8 @@ import re
 from dataclasses import dataclass
 
 _CATEGORY = {"stale_weight": "parameter_or_checkpoint_issue", "wrong_shard": "parameter_or_checkpoint_issue",
-             "norm_eps": "in_module_impl_difference", "rope_theta": "in_module_impl_difference"}
+             "norm_eps": "in_module_impl_difference", "rope_theta": "in_module_impl_difference",
+             "attn_impl": "in_module_impl_difference"}
 
 # vLLM fuses these transformers projections into one module (checkpoint name piece -> vLLM's).
 _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
@@ -53,6 +55,8 @@ def _modules(target):
     """(train module, rollout module, layer) a checkpoint tensor or config key stands for."""
     if target == "rms_norm_eps":  # every RMSNorm reads it: the first one departs
         return "model.layers.0.input_layernorm", "model.layers.0.input_layernorm", 0
+    if target == "attn_implementation":  # every attention runs it: the first one departs
+        return "model.layers.0.self_attn", "model.layers.0.self_attn", 0
     if target == "rope_theta":  # the first attention that rotates
         return "model.layers.0.self_attn", "model.layers.0.self_attn", 0
     module = target.rsplit(".", 1)[0]
@@ -156,6 +160,11 @@ CASES = dict([
     # Gemma 2's sandwich norm after the MLP: a module no other family of the corpus has
     _c("gemma2_stale_post_ff_norm_stats_onestep", family="gemma2",
        fault=fault("rollout", "stale_weight", "model.layers.1.post_feedforward_layernorm.weight", "checkpoint")),
+    # the trainer on transformers' default sdpa attention, which silently drops Gemma 2's
+    # attn_logit_softcapping (the committed config asks for eager: see models._CONFIG_EXTRA)
+    _c("gemma2_train_sdpa_softcap_stats_onestep", family="gemma2",
+       fault=fault("train", "attn_impl", "attn_implementation", "config", value="sdpa"),
+       notes="transformers 5.19 Gemma2: sdpa_attention_forward takes no softcap; eager applies tanh(x/50)*50"),
     _c("gemma3_clean_stats_onestep", family="gemma3"),
     # layer 2 is Gemma 3's global-attention layer (rope base 1e6, no window)
     _c("gemma3_stale_k_norm_stats_percall", family="gemma3", per_call=True,

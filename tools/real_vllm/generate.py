@@ -52,6 +52,9 @@ def _sides(case, scratch):
         # ``overrides``: the hf_overrides dict itself where the config key alone does not reach the
         # model (vLLM 0.32 builds the rope from ``rope_parameters``: a bare rope_theta is ignored)
         return clean, clean, f.get("overrides") or {f["target"]: f["value"]}, None
+    if f["how"] == "config":
+        bad = faults.faulty_checkpoint(clean, scratch / "faulty", config={f["target"]: f["value"]})
+        return (bad, clean, None, None) if f["side"] == "train" else (clean, bad, None, None)
     bad = faults.faulty_checkpoint(clean, scratch / "faulty", f["target"], seed=len(case.name),
                                    rows=f.get("rows"), cols=f.get("cols"))
     if f["how"] == "sync_mid":

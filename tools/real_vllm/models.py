@@ -62,9 +62,21 @@ def hf_model(family):
     return model
 
 
+# config.json keys save_pretrained leaves out. Gemma 2: transformers' default sdpa attention drops
+# attn_logit_softcapping (only its eager path applies it), so the trainer must run eager to compute
+# what vLLM and the checkpoint's config compute; from_pretrained reads the key from config.json.
+_CONFIG_EXTRA = {"gemma2": {"attn_implementation": "eager"}}
+
+
 def write_model(family, out_dir):
     """Save ``family``'s model as a Hugging Face folder (config.json + model.safetensors)."""
+    import json
+    from pathlib import Path
+
     hf_model(family).save_pretrained(out_dir, safe_serialization=True)
+    if family in _CONFIG_EXTRA:
+        path = Path(out_dir) / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **_CONFIG_EXTRA[family]}, indent=2) + "\n")
 
 
 def prompt(n, seed=42):
