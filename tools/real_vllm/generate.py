@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,19 @@ import faults  # noqa: E402
 import models  # noqa: E402
 
 
+# megatron-core for the megatron trainer cases, kept out of the vLLM environment's site-packages
+# (msprobe changes how it wraps things when megatron imports): pip install --no-deps --target
+MEGATRON_PATH = os.environ.get("MEGATRON_PATH", "/work/mcore-site")
+
+
 def _run(cmd, log):
+    env = dict(os.environ)
+    if cmd[1].endswith("megatron_train.py"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (MEGATRON_PATH, env.get("PYTHONPATH")) if p)
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     if rc:
         raise RuntimeError(f"{cmd[1]} exited {rc}; see {log}")
 
@@ -94,7 +103,8 @@ def make(case):
             rollout = [str(HERE / "sync_rollout.py"), "--sync-call", str(case.fault["call"]),
                        "--sync-from", str(sync), *rollout[1:]]
         _run([sys.executable, *rollout], log)
-        _run([sys.executable, str(SCRIPTS / "dump_trainer.py"), "--model", str(train_dir),
+        trainer = HERE / "megatron_train.py" if case.trainer == "megatron" else SCRIPTS / "dump_trainer.py"
+        _run([sys.executable, str(trainer), "--model", str(train_dir),
               "--tokens", str(out / "tokens.json"), "--temperature", str(case.temperature), *common], log)
     # msprobe's call stacks: large, read by no analysis, left out as tests/data/real/ leaves them out
     for stack in out.glob("*/step*/rank*/stack.json"):
