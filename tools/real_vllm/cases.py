@@ -6,7 +6,8 @@ Public API:
         side: rollout | train; kind: stale_weight | wrong_shard | norm_eps | rope_theta | attn_impl;
         how: checkpoint (a stale tensor in the folder that side loaded), hf_overrides (a config value
         vLLM was given; ``overrides`` the dict passed when the bare key would not reach the model),
-        config (a config.json value of the folder that side loaded: ``target`` set to ``value``), sync_mid (vLLM's weights replaced before forward call ``call``)
+        config (a config.json value of the folder that side loaded: ``target`` set to ``value``),
+        sync_mid (vLLM's weights replaced before forward call ``call``)
     CASES                       name -> Case, in priority order
     expected(case) -> dict      the ``expected`` block, from the fault alone
     describe(case, measured) -> dict   the case.json document (schema 1 of tools/real_dumps/README.md,

@@ -8,7 +8,9 @@ the tests. Run from the repository root:
 ``--models`` (re)writes the tiny checkpoints first; cases default to every case of ``cases.CASES``.
 Each case runs in fresh processes (msprobe keeps one debugger per process): the rollout, then the
 trainer over the ids the rollout produced. A faulty side loads a copy of the committed checkpoint
-made in a scratch folder; ``--model`` for the analysis is always the committed one.
+made in a scratch folder; ``--model`` for the analysis is always the committed one. A case with
+``trainer="megatron"`` runs megatron_train.py instead of dump_trainer.py, with megatron-core taken
+from ``$MEGATRON_PATH`` (default /work/mcore-site, a ``pip install --no-deps --target`` folder).
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ def _hf_config(model_dir):
     rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings")
-    if cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) * cfg["num_attention_heads"] != cfg["hidden_size"]:
+    heads = cfg["num_attention_heads"]
+    if cfg.get("head_dim", cfg["hidden_size"] // heads) * heads != cfg["hidden_size"]:
         raise SystemExit("megatron_side builds kv_channels = hidden / heads: head_dim must equal it")
     return {**{k: cfg[k] for k in keys}, "rope_theta": float(rope)}
 
