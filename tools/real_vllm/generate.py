@@ -8,12 +8,15 @@ the tests. Run from the repository root:
 ``--models`` (re)writes the tiny checkpoints first; cases default to every case of ``cases.CASES``.
 Each case runs in fresh processes (msprobe keeps one debugger per process): the rollout, then the
 trainer over the ids the rollout produced. A faulty side loads a copy of the committed checkpoint
-made in a scratch folder; ``--model`` for the analysis is always the committed one.
+made in a scratch folder; ``--model`` for the analysis is always the committed one. A case with
+``trainer="megatron"`` runs megatron_train.py instead of dump_trainer.py, with megatron-core taken
+from ``$MEGATRON_PATH`` (default /work/mcore-site, a ``pip install --no-deps --target`` folder).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,11 +36,19 @@ import faults  # noqa: E402
 import models  # noqa: E402
 
 
+# megatron-core for the megatron trainer cases, kept out of the vLLM environment's site-packages
+# (msprobe changes how it wraps things when megatron imports): pip install --no-deps --target
+MEGATRON_PATH = os.environ.get("MEGATRON_PATH", "/work/mcore-site")
+
+
 def _run(cmd, log):
+    env = dict(os.environ)
+    if cmd[1].endswith("megatron_train.py"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (MEGATRON_PATH, env.get("PYTHONPATH")) if p)
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     if rc:
         raise RuntimeError(f"{cmd[1]} exited {rc}; see {log}")
 
@@ -49,7 +60,12 @@ def _sides(case, scratch):
     if f is None:
         return clean, clean, None, None
     if f["how"] == "hf_overrides":
-        return clean, clean, {f["target"]: f["value"]}, None
+        # ``overrides``: the hf_overrides dict itself where the config key alone does not reach the
+        # model (vLLM 0.32 builds the rope from ``rope_parameters``: a bare rope_theta is ignored)
+        return clean, clean, f.get("overrides") or {f["target"]: f["value"]}, None
+    if f["how"] == "config":
+        bad = faults.faulty_checkpoint(clean, scratch / "faulty", config={f["target"]: f["value"]})
+        return (bad, clean, None, None) if f["side"] == "train" else (clean, bad, None, None)
     bad = faults.faulty_checkpoint(clean, scratch / "faulty", f["target"], seed=len(case.name),
                                    rows=f.get("rows"), cols=f.get("cols"))
     if f["how"] == "sync_mid":
@@ -89,7 +105,8 @@ def make(case):
             rollout = [str(HERE / "sync_rollout.py"), "--sync-call", str(case.fault["call"]),
                        "--sync-from", str(sync), *rollout[1:]]
         _run([sys.executable, *rollout], log)
-        _run([sys.executable, str(SCRIPTS / "dump_trainer.py"), "--model", str(train_dir),
+        trainer = HERE / "megatron_train.py" if case.trainer == "megatron" else SCRIPTS / "dump_trainer.py"
+        _run([sys.executable, str(trainer), "--model", str(train_dir),
               "--tokens", str(out / "tokens.json"), "--temperature", str(case.temperature), *common], log)
     # msprobe's call stacks: large, read by no analysis, left out as tests/data/real/ leaves them out
     for stack in out.glob("*/step*/rank*/stack.json"):

@@ -21,7 +21,23 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    # vLLM's Gemma 2 has no lm_head (its logits processor reads embed_tokens): tied, as Gemma ships.
+    # Layers 0 and 2 slide, 1 is global; the window (64) is longer than any case's sequence.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               {"tie_word_embeddings": True, "query_pre_attn_scalar": 32, "sliding_window": 64,
+                "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0}),
+    # text-only Gemma 3: q_norm/k_norm, a local rope base (10000) on the sliding layers 0-1 and the
+    # global one (1e6) on layer 2
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               {"tie_word_embeddings": True, "query_pre_attn_scalar": 32, "sliding_window": 64,
+                "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+                "hidden_activation": "gelu_pytorch_tanh"}),
+    # Phi-3 ships its projections fused (qkv_proj, gate_up_proj), as vLLM runs them
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": None}),
 }
+# seed order: the first five families were seeded by their sorted index before the others came
+_SEED_ORDER = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3", "phi3"]
 
 
 def hf_model(family):
@@ -32,7 +48,7 @@ def hf_model(family):
 
     cfg_name, model_name, extra = FAMILIES[family]
     cfg = getattr(transformers, cfg_name)(**{**_BASE, **extra})
-    torch.manual_seed(2000 + sorted(FAMILIES).index(family))
+    torch.manual_seed(2000 + _SEED_ORDER.index(family))
     model = getattr(transformers, model_name)(cfg).eval()
     gen = torch.Generator().manual_seed(11)
     with torch.no_grad():
@@ -46,9 +62,21 @@ def hf_model(family):
     return model
 
 
+# config.json keys save_pretrained leaves out. Gemma 2: transformers' default sdpa attention drops
+# attn_logit_softcapping (only its eager path applies it), so the trainer must run eager to compute
+# what vLLM and the checkpoint's config compute; from_pretrained reads the key from config.json.
+_CONFIG_EXTRA = {"gemma2": {"attn_implementation": "eager"}}
+
+
 def write_model(family, out_dir):
     """Save ``family``'s model as a Hugging Face folder (config.json + model.safetensors)."""
+    import json
+    from pathlib import Path
+
     hf_model(family).save_pretrained(out_dir, safe_serialization=True)
+    if family in _CONFIG_EXTRA:
+        path = Path(out_dir) / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **_CONFIG_EXTRA[family]}, indent=2) + "\n")
 
 
 def prompt(n, seed=42):

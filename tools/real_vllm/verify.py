@@ -2,7 +2,7 @@
 place the faulty dump departs (its inputs equal the clean run's, its output not), at the forward
 call the fault starts from; written into case.json ``measured.fault_check``.
 
-The sibling is the clean case with the same family, dtype, TP, prompt and task; both ran the same
+The sibling is the clean case with the same family, dtype, TP, prompt, task and trainer; both ran the same
 prompt, so their first forward call (and, for a mid-generation sync, every call before the
 faulty one) saw the same tokens. Run: python tools/real_vllm/verify.py (standard library only).
 """
@@ -18,7 +18,7 @@ _SAME = 1e-6
 
 def _key(doc):
     return (doc["family"], doc["dtype"]["rollout"], doc["rollout"]["tp"], doc["prompt_len"],
-            json.dumps(doc.get("prompt_ids_head")), doc["mode"], doc.get("layers"))
+            json.dumps(doc.get("prompt_ids_head")), doc["mode"], doc.get("layers"), doc["train"]["engine"])
 
 
 def _entry(side_dir, module, call, rank):
