@@ -284,6 +284,14 @@ def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tens
     return out
 
 
+def _place(run: RefRun, point: str) -> float:
+    """Where a point stands in the forward's order: a fused point where its last part does, or where
+    the reference yields it whole (Phi-3's checkpoint fuses qkv_proj and gate_up_proj)."""
+    if point in run.order:
+        return run.order[point]
+    return max(run.order.get(x, 1 << 30) for x in point.split("+"))
+
+
 def departure(plans, judged: dict, run: RefRun) -> dict | None:
     """The first point (in the forward's order) where a side's values leave the reference."""
     bad = [p for p in plans if judged.get(p.cid, {}).get("matches_reference") is False]
@@ -291,8 +299,7 @@ def departure(plans, judged: dict, run: RefRun) -> dict | None:
         return None
     # At one place in the forward a part (v, as the attention receives it) names the fault more
     # closely than the fused output that ends with it.
-    first = min(bad, key=lambda p: (max(run.order.get(x, 1 << 30) for x in p.point.split("+")),
-                                    p.point.count("+"), p.cid))
+    first = min(bad, key=lambda p: (_place(run, p.point), p.point.count("+"), p.cid))
     j = judged[first.cid]
     return {"cid": first.cid, "point": first.point, "layer": points.layer(first.point), "error": j["error"],
             "tolerance": j["tolerance"], "how": j["how"], "call": j.get("first_call"),

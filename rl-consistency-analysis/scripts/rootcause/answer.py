@@ -80,8 +80,8 @@ def _when(top: dict) -> str | None:
     call, calls = ev.get("first_call"), ev.get("calls")
     if call is None or not calls or calls < 2:
         return None
-    which = "the prefill" if call == 0 else f"decode call {call}"
-    return f"from forward call {call} of {calls} ({which}; calls count from 0, the prefill) on"
+    which = "the prefill" if call == 0 else f"decode call {call}; call 0 is the prefill"
+    return f"from forward call {call} of {calls} ({which}) on"
 
 
 def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:
