@@ -26,3 +26,8 @@ def at_call(point: str, n: int) -> str:
 def is_parameter_name(point: str) -> bool:
     """Whether a point's (first part's) last name is a parameter's."""
     return parts(point)[0].rsplit(".", 1)[-1] in PARAM_NAMES
+
+
+def without_call(point: str) -> str:
+    """The point a call of it names (``L0.q_rot@2`` -> ``L0.q_rot``); a point without a call as is."""
+    return "+".join(p.split("@", 1)[0] for p in parts(point))

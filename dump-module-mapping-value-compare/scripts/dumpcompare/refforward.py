@@ -18,7 +18,7 @@ import numpy as np
 
 from .dtypes import dtype_key
 from .naming import Namer
-from .refpoints import RefRun, compare_side, departure, point_arrays, put_point
+from .refpoints import RefRun, compare_side, departure, one_sided_plans, point_arrays, put_point
 from .simulate import hypotheses, own_weights
 from .skips import Skip
 from .token_ids import TokenIds, recover, side_carriers
@@ -49,6 +49,7 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
         doc["verdict"] = verdict(doc)
         return doc
     judged, found = {}, {}
+    plans = list(plans) + one_sided_plans(plans, recs)
     needed = {p.point for p in plans if p.axis == "features"}
     for s in SIDES:
         r = refs.get(s)
@@ -90,8 +91,8 @@ def run(plans, views: dict, recs: dict, refs: dict, namer: Namer, tolerances: di
                 left = [p for p in plans if p.cid not in judged[s]]
                 judged[s].update(compare_side(now, left, s, views[s], tolerances, use_tensors, ends[s]))
         try:
-            run_ = point_arrays(refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt), namer, keep=needed,
-                                on_layer=judge)
+            outputs = refmodel.forward(r.checkpoint, r.config, ids, dtype=fdt, engine_points=True)
+            run_ = point_arrays(outputs, namer, keep=needed, on_layer=judge)
         except (refmodel.UnsupportedModel, ValueError) as exc:
             for s in sides:
                 del judged[s]

@@ -16,6 +16,7 @@ from .compare.stats import Stats, combine, stat_error_calls, stat_errors
 from .compare.tensors import as_tokens
 from .dtypes import dtype_key
 from .naming import ModuleRecord, Namer
+from .plan import Carrier, PointPlan
 from .records import Entry, Leaf
 from .tolerances import pair_tolerances
 
@@ -52,11 +53,12 @@ def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | No
                 continue
             rec = ModuleRecord("reference", 0, path, "module", "forward", path, path, rule["role"], 0, layer, local,
                                rule["role"], rule.get("block", ""), "hf", list(rule.get("parts") or []))
-            entry = Entry(path, 0, "module", path, rule["role"], "forward", 0, [Leaf("output.0")], 1)
+            outs = {f"output.{i}": a for i, a in enumerate(arr)}
+            entry = Entry(path, 0, "module", path, rule["role"], "forward", 0, [Leaf(n) for n in outs], 1)
             for port in namer.ports_for(rec, entry, None, layer_roles):
-                if port.leaf == "output.0" and (wanted is None or port.point in wanted
-                                                or port.point.split(".")[-1] in _DERIVE_FROM):
-                    put_point(arrays, order, port.point, arr)
+                if port.leaf in outs and (wanted is None or port.point in wanted
+                                          or port.point.split(".")[-1] in _DERIVE_FROM):
+                    put_point(arrays, order, port.point, outs[port.leaf])
         layer = next((lay for _p, _a, lay, _l, _r in group), None)
         if layer is None:
             return
@@ -73,7 +75,8 @@ def point_arrays(outputs, namer: Namer, base: dict | None = None, keep: set | No
         if layer != current:
             flush(group)
             group, current = [], layer
-        group.append((path, np.asarray(o.array, dtype=np.float32), layer, local, rule))
+        arrs = o.array if isinstance(o.array, tuple) else (o.array,)
+        group.append((path, tuple(np.asarray(a, dtype=np.float32) for a in arrs), layer, local, rule))
     flush(group)
     return RefRun(arrays, order)
 
@@ -290,6 +293,31 @@ def _place(run: RefRun, point: str) -> float:
     if point in run.order:
         return run.order[point]
     return max(run.order.get(x, 1 << 30) for x in point.split("+"))
+
+
+def one_sided_plans(plans, recs: dict) -> list[PointPlan]:
+    """Activation points only one side's modules output (an engine's rotary module and attention
+    kernel: HF computes both inline), as plans whose other side is empty, so that each side is held
+    to the reference there too: a rope or attention-scale fault then departs at the rotated q/k or
+    at the kernel's output, before the projection that follows. Only a point one module outputs is
+    taken, its calls in order (cids ``R<side initial><n>``)."""
+    planned = {p.point for p in plans}
+    out = []
+    for side in ("train", "rollout"):
+        found: dict[str, dict[str, list[Carrier]]] = {}
+        for r in recs[side]:
+            if r.kind != "module" or r.direction != "forward":
+                continue
+            for port in r.ports:
+                pt = points.without_call(port.point)     # the module's calls, one after another
+                if port.io == "out" and pt not in planned and "+" not in pt and pt[:2] not in ("pa", "al"):
+                    found.setdefault(pt, {}).setdefault(r.path, []).append(Carrier(r.index, port.leaf, port.io))
+        one = sorted((pt, next(iter(by.values()))) for pt, by in found.items() if len(by) == 1)
+        for i, (pt, carriers) in enumerate(one):
+            train, rollout = (carriers, []) if side == "train" else ([], carriers)
+            out.append(PointPlan(f"R{side[0]}{i:04d}", pt, "direct", "features", train, rollout,
+                                 stitched=side if len(carriers) > 1 else None))
+    return out
 
 
 def departure(plans, judged: dict, run: RefRun) -> dict | None:

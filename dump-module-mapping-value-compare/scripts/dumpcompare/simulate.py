@@ -157,7 +157,8 @@ def _simulate(refmodel, ref, run: RefRun, ids, dtype: str, layer: int | None, we
     inject = refmodel.Injection(config=over, weights=weights, from_layer=start)
     kwargs = {"start_layer": start, "hidden": hidden} if hidden is not None else {}
     outs = []
-    for out in refmodel.forward(ref.checkpoint, ref.config, ids, dtype=dtype, inject=inject, **kwargs):
+    for out in refmodel.forward(ref.checkpoint, ref.config, ids, dtype=dtype, inject=inject,
+                                   engine_points=True, **kwargs):
         lay = namer.classify(namer.strip_wrappers(out.module))[0]
         if layer is not None and lay is not None and lay > layer:
             break      # the candidate is judged on its own layer: the rest of the forward is not needed

@@ -23,13 +23,19 @@ SIDES = ("train", "rollout")
 class Departure:
     """The facts of one side's departure that the rows of ``rules.DEPARTURE_RULES`` read."""
 
-    def __init__(self, ev: Evidence, side: str, dep: dict, hyp: dict | None, m: dict, point: str):
+    def __init__(self, ev: Evidence, side: str, dep: dict, hyp: dict | None, m: dict, point: str,
+                 engine_module: dict | None = None):
         self.ev, self.side, self.dep, self.hyp, self.m, self.point = ev, side, dep, hyp or {}, m, point
+        # The one-sided module the departure is at (an engine's rotary or attention kernel), when no
+        # pair holds the point; ``m`` is then the pair enclosing it.
+        self.engine_module = engine_module
 
     @cached_property
     def own_parameters(self) -> list[dict]:
         """The side's reference judgement of each parameter of the pair (of the suspect part only,
         when a part of a fused output is the suspect)."""
+        if self.engine_module is not None:
+            return []
         part = self.point if self.point != self.dep["point"] else None
         out = []
         for p in self.m["points"]["param"]:
@@ -48,6 +54,8 @@ class Departure:
 
     @property
     def has_parameters(self) -> bool:
+        if self.engine_module is not None:
+            return bool(self.engine_module["points"]["param"])
         return bool(self.m["points"]["param"])
 
     @property
@@ -94,6 +102,29 @@ def _pair_of(ev: Evidence, cid: str, point: str) -> dict | None:
                            and any(point in p["point"].split("+") for p in m["points"]["out"])), None)
 
 
+def _one_sided_at(ev: Evidence, side: str, point: str) -> tuple[dict, dict] | tuple[None, None]:
+    """(the one-sided module of ``side`` outputting ``point``, the innermost pair enclosing it)."""
+    rec = next((o for o in ev.analysis.get("one_sided") or [] if o["side"] == side
+                and any(p["point"] == point for p in o["points"]["out"])), None)
+    if rec is None:
+        return None, None
+    path = rec["module"]
+    holders = [(max(len(x) for x in m[f"{side}_modules"] if path.startswith(x + ".")), m) for m in ev.modules
+               if any(path.startswith(x + ".") for x in m[f"{side}_modules"])]
+    return (rec, max(holders, key=lambda h: h[0])[1]) if holders else (None, None)
+
+
+def _inline_producer(ev: Evidence, cid: str) -> dict | None:
+    """The pair enclosing a point that a side only holds as a module's input (HF computes the
+    attention kernel inline: its output is o_proj's input): whatever makes it runs inside the block
+    that holds the consumer."""
+    consumer = next((m for m in ev.modules if not m["is_container"]
+                     and any(p.get("cid") == cid for p in m["points"]["in"])), None)
+    if consumer is None:
+        return None
+    return ev.pair(consumer["containers"][0]) if consumer["containers"] else consumer
+
+
 def _names(paths: list[str]):
     return None if not paths else paths[0] if len(paths) == 1 else paths
 
@@ -110,14 +141,19 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
     parts = (hyp or {}).get("parts") or {}
     suspects = parts.get("suspects") or []
     point = suspects[0] if len(suspects) == 1 else dep["point"]
-    m = _pair_of(ev, dep["cid"], point)
+    m, engine = _pair_of(ev, dep["cid"], point), None
+    if m is None:
+        engine, m = _one_sided_at(ev, side, point)
+    if m is None:
+        m = _inline_producer(ev, dep["cid"])
+        engine = {"module": None, "points": {"param": []}} if m is not None else None
     if m is None:
         return None
-    d = Departure(ev, side, dep, hyp, m, point)
+    d = Departure(ev, side, dep, hyp, m, point, engine)
     rule = next(r for r in rules.DEPARTURE_RULES if r.condition(d))
-    names = {s: _producers(ev, s, point) or list(m[f"{s}_modules"]) for s in SIDES}
-    if rule.category != "parameter_or_checkpoint_issue" and _input_judged(ev, m, side) is not True \
-            and m["containers"]:
+    names = {s: (None if engine else _producers(ev, s, point)) or list(m[f"{s}_modules"]) for s in SIDES}
+    if engine is None and rule.category != "parameter_or_checkpoint_issue" \
+            and _input_judged(ev, m, side) is not True and m["containers"]:
         # No weight of its own explains it and its input was never held to the reference (the
         # attention core HF computes inline): the difference may start anywhere inside the
         # enclosing block, where a config value such as the attention scale acts.
@@ -125,6 +161,7 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
         names = {s: list(m[f"{s}_modules"]) for s in SIDES}
     evidence = {
         "pair": m["pid"], "finding_pair": m["pid"], "departure": dep, "departing_point": point,
+        "departing_module": engine["module"] if engine else None,
         "first_call": dep.get("call"), "calls": dep.get("calls"),
         "inputs_match_reference": _input_judged(ev, m, side),
         "own_parameters": d.own_parameters, "reproduced_by": d.reproducing,

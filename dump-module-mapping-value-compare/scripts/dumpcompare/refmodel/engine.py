@@ -36,14 +36,28 @@ class Injection:
 @dataclass
 class Output:
     """One module's output.0 as transformers names the module, [tokens, features] float32
-    (q_norm / k_norm: [tokens, heads * head_dim]; rotary_emb: the cos table [tokens, rotary dim])."""
+    (q_norm / k_norm: [tokens, heads * head_dim]; rotary_emb: the cos table [tokens, rotary dim]);
+    a tuple for a module with several outputs (a layer's rotary_emb: the rotated q and k)."""
     module: str
-    array: np.ndarray
+    array: np.ndarray | tuple
+    engine: bool = False        # a module transformers does not have (forward's ``engine_points``)
 
 
 def forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str = "fp32",
             inject: Injection | None = None, start_layer: int = 0, hidden: np.ndarray | None = None,
-            positions: np.ndarray | None = None, attention: str = "eager") -> Iterator[Output]:
+            positions: np.ndarray | None = None, attention: str = "eager",
+            engine_points: bool = False) -> Iterator[Output]:
+    """:func:`_forward`, with the outputs of the modules only an engine has (``engine_points``: each
+    layer's rotary module, its rotated q and k, and the attention kernel's output, which
+    transformers computes inline and vLLM dumps as modules) left out unless asked for."""
+    outs = _forward(ckpt, config, token_ids, dtype=dtype, inject=inject, start_layer=start_layer, hidden=hidden,
+                    positions=positions, attention=attention)
+    return outs if engine_points else (o for o in outs if not o.engine)
+
+
+def _forward(ckpt: Checkpoint, config: dict, token_ids: np.ndarray, *, dtype: str = "fp32",
+             inject: Injection | None = None, start_layer: int = 0, hidden: np.ndarray | None = None,
+             positions: np.ndarray | None = None, attention: str = "eager") -> Iterator[Output]:
     """Run the checkpoint's forward on one sequence of ``token_ids`` and yield each module's output.
 
     ``dtype``: "fp32", or "bf16" to round weights and each module output (and the residual
@@ -160,8 +174,11 @@ def _attention(w: Weights, s: Spec, i: int, h: np.ndarray, pos: np.ndarray, rnd,
     rope = s.ropes[i]
     cos, sin = ops.rope_tables(rope.inv_freq, pos, rnd)
     qr, kr = (ops.apply_rope(heads[n], cos, sin, rnd) for n in ("q", "k"))
+    # What an engine's rotary and attention-kernel modules output (vLLM dumps both; HF computes them inline).
+    yield Output(f"{a}.rotary_emb", (qr.reshape(t, -1), kr.reshape(t, -1)), engine=True)
     core = ops.attention(qr, kr, v.reshape(t, s.kv_heads, d), s.attn_scale, s.attn_softcap, s.windows[i], rnd,
                          kernel)
+    yield Output(f"{a}.attn", core.reshape(t, -1), engine=True)
     o = ops.linear(core, w.need(f"{a}.o_proj.weight", i), w.get(f"{a}.o_proj.bias", i), rnd)
     yield Output(f"{a}.o_proj", o)
     yield Output(a, o)
