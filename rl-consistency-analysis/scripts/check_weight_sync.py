@@ -7,7 +7,7 @@ slice of ``--model`` (the trainer's checkpoint) that rank should hold. Writes
 ``OUT/weight_sync.json`` (schema_version 1) and ``OUT/weight_sync.md`` (the tensors that differ or
 could not be seen, then the counts).
 
-Public API: build_parser(), main(argv) -> exit code.
+Public API: build_parser(), main(argv) -> exit code, write_report(out, rows, ...) -> exit code.
 """
 from __future__ import annotations
 
@@ -72,16 +72,24 @@ def _main(argv):
               tensor_parallel_size=args.tp, max_model_len=32, max_num_seqs=1)
     rows = [r for per_rank in llm.collective_rpc(weight_probe.compare_rank, args=(str(ref.resolve()),))
             for r in per_rank]
+    return write_report(out, rows, reference=str(ref), engine_model=str(engine), tp=args.tp)
+
+
+def write_report(out, rows, *, reference, engine_model, tp):
+    """Write OUT/weight_sync.json and OUT/weight_sync.md from the probe's rows, print one line and
+    return the exit code: 0 only when there are rows and every one is ``equal``; a row the engine
+    did not let us see (``not_visible``), or any other status, makes it 1."""
+    out = Path(out)
     counts = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": SCHEMA_VERSION, "reference": str(ref), "engine_model": str(engine), "tp": args.tp,
+    doc = {"schema_version": SCHEMA_VERSION, "reference": reference, "engine_model": engine_model, "tp": tp,
            "counts": counts, "rows": rows}
     (out / "weight_sync.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     (out / "weight_sync.md").write_text(_markdown(rows, counts), encoding="utf-8")
     bad = [r for r in rows if r["status"] != "equal"]
-    print(f"wrote {out / 'weight_sync.json'}: {len(rows)} tensor parts over {args.tp} rank(s); "
+    print(f"wrote {out / 'weight_sync.json'}: {len(rows)} tensor parts over {tp} rank(s); "
           + ("all equal" if not bad else f"{len(bad)} not equal, first: rank {bad[0]['rank']} {bad[0]['tensor']} "
                                          f"({bad[0]['status']})"))
     return 1 if bad or not rows else 0

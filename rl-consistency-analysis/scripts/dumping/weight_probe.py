@@ -38,8 +38,13 @@ def _weight(module, torch):
     if method is None or n_in is None:
         return None, "no visible weight and no kernel to probe"
     dtype = w.dtype if w is not None and w.is_floating_point() else torch.float32
-    with torch.no_grad():
-        out = method.apply(module, torch.eye(n_in, dtype=dtype), bias=None)
+    try:
+        with torch.no_grad():
+            out = method.apply(module, torch.eye(n_in, dtype=dtype), bias=None)
+    except Exception as exc:  # a kernel that refuses the probe: the weight stays unseen, never "equal"
+        return None, f"probe failed: {type(exc).__name__}: {exc}"
+    if getattr(out, "ndim", None) != 2 or out.shape[0] != n_in:
+        return None, f"probe returned shape {list(getattr(out, 'shape', []))}, not [{n_in}, out]"
     return out.detach().float().T.contiguous(), "probed"
 
 
