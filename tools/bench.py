@@ -880,6 +880,17 @@ def run_logprobs(args, work: Path, mem_limit: int, created: list, results: dict,
     results["ratio_lines"] = list(ratio_lines)
 
 
+def _random_checkpoint(args, folder: Path, size_mb: float, created: list) -> dict:
+    """Write a random Llama checkpoint of about ``size_mb`` into ``folder`` (tools/refmodel_bench.py);
+    its sizes as that tool reports them."""
+    created.append(folder)
+    proc = subprocess.run([args.python, str(ROOT / "tools" / "refmodel_bench.py"), "--out", str(folder),
+                           "--size-mb", str(size_mb), "--seed", str(args.seed)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench: refmodel_bench failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_refmodel(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
                  ratio_lines: list, info_lines: list) -> None:
     """The reference forward on a random Llama checkpoint: time, and peak memory against its
@@ -887,13 +898,8 @@ def run_refmodel(args, work: Path, mem_limit: int, created: list, results: dict,
     import refmodel_bench as rb
 
     folder = work / "refmodel_llama"
-    created.append(folder)
     log(f"writing a random Llama checkpoint of ~{args.refmodel_mb:g} MB in {folder}")
-    proc = subprocess.run([args.python, str(ROOT / "tools" / "refmodel_bench.py"), "--out", str(folder),
-                           "--size-mb", str(args.refmodel_mb), "--seed", str(args.seed)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bench: refmodel_bench failed:\n{proc.stderr}")
-    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    sizes = _random_checkpoint(args, folder, args.refmodel_mb, created)
     info_lines.append(
         f"refmodel checkpoint: {_mb(sizes['file_bytes'])} MB bf16, {sizes['layers']} layers, largest layer "
         f"{_mb(sizes['largest_layer_bytes'])} MB, head {_mb(sizes['head_bytes'])} MB; "
@@ -1039,13 +1045,8 @@ def run_reftorch(args, work: Path, mem_limit: int, created: list, results: dict,
     import refmodel_bench as rb
 
     folder = work / "reftorch_llama"
-    created.append(folder)
     log(f"reftorch: writing a random Llama checkpoint of ~{args.reftorch_mb:g} MB in {folder}")
-    proc = subprocess.run([args.python, str(ROOT / "tools" / "refmodel_bench.py"), "--out", str(folder),
-                           "--size-mb", str(args.reftorch_mb), "--seed", str(args.seed)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bench: refmodel_bench failed:\n{proc.stderr}")
-    sizes = json.loads(proc.stdout.strip().splitlines()[-1])
+    sizes = _random_checkpoint(args, folder, args.reftorch_mb, created)
     info_lines.append(f"reftorch checkpoint: {_mb(sizes['file_bytes'])} MB bf16 "
                       f"({sizes['file_bytes'] / 2e9:.2f}B parameters), {sizes['layers']} layers; "
                       f"{args.reftorch_tokens} tokens; torch/transformers {chk.stdout.strip()}")

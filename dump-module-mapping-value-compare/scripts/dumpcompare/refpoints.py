@@ -117,7 +117,8 @@ def leaf_calls(leaf: Leaf) -> list[Stats]:
     return [Stats(*[None if math.isnan(v) else float(v) for v in row], leaf.numel, leaf.dtype) for row in rows]
 
 
-def _ref_stats(a: np.ndarray, dtype: str) -> Stats:
+def ref_stats(a: np.ndarray, dtype: str) -> Stats:
+    """Max/Min/Mean/Norm of a reference tensor rounded to the side's dtype."""
     w = to_dtype(a, dtype).astype(np.float64)
     return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(w.size), dtype)
 
@@ -246,7 +247,7 @@ def _judge_whole(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolera
         return {"matches_reference": "unknown", "error": None, "tolerance": None, "how": "statistics",
                 "detail": f"the side holds {stats.numel} values, the reference {ref.size} (tokens or slice differ)"}
     tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
-    err = stat_errors(stats, _ref_stats(ref, dtype)).get("scaled_error")
+    err = stat_errors(stats, ref_stats(ref, dtype)).get("scaled_error")
     if err is None:
         return {"matches_reference": "unknown", "error": None, "tolerance": tol, "how": "statistics",
                 "detail": "no statistics to compare"}
