@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from .evidence import Evidence
+from .sides import UNFIT
 
 TRAIN_FAMILIES = ("hf", "megatron")
 ROLLOUT_FAMILIES = ("vllm", "sglang")
@@ -19,8 +20,6 @@ FAMILY_WORDS = {"hf": "Hugging Face (transformers/FSDP)", "megatron": "Megatron"
 # The compare step's skip code (output_3 ``results[].skip``, references/output_schemas.md "Skip codes")
 # when a tensor file named by a tensor-mode dump cannot be read; its reason reads "<file>: <why>".
 TENSOR_UNAVAILABLE = "tensor_unavailable"
-# The start of the compare step's output_4 ``reference_fit.reason`` when the checkpoint fits neither side.
-NEITHER = "this checkpoint matches neither side: another model, or saved at another step"
 
 
 class InputMistake(Exception):
@@ -66,7 +65,7 @@ def _checkpoint_unfit(ev: Evidence) -> str | None:
     fit = ev.analysis.get("reference_fit") or {}
     if fit.get("fits") is not False:
         return None
-    return (f"{fit.get('reason') or NEITHER}; no side is named from it: pass --model the checkpoint both engines "
+    return (f"{fit.get('reason') or UNFIT}; no side is named from it: pass --model the checkpoint both engines "
             f"loaded (at the dumped step), or leave --model out")
 
 

@@ -51,9 +51,14 @@ def checkpoint_fits(ev: Evidence) -> bool:
     return (ev.analysis.get("reference_fit") or {}).get("fits") is not False
 
 
+# What the compare step's output_4 ``reference_fit.reason`` starts with when the checkpoint fits
+# neither side; said here too when a reader finds no reason.
+UNFIT = "this checkpoint matches neither side: another model, or saved at another step"
+
+
 def unfit_reason(ev: Evidence) -> str:
     """What a finding's side reason says when the checkpoint fits neither side."""
-    return ((ev.analysis.get("reference_fit") or {}).get("reason") or "the checkpoint matches neither side") + \
+    return ((ev.analysis.get("reference_fit") or {}).get("reason") or UNFIT) + \
         "; no side is drawn from it: rerun with --model set to the checkpoint both engines loaded"
 
 
