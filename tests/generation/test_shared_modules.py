@@ -66,6 +66,24 @@ def test_folded_calls_are_unfolded_before_they_move():
     assert moved.n_calls == 1 and moved.leaves[0].per_call is None and moved.leaves[0].max == 7.0
 
 
+def test_a_folded_run_made_by_several_blocks_splits_by_block():
+    # calls 0..3 of the shared rotary: layers 0, 1, 0, 1 (two forward calls of two layers)
+    first = _rotary(0, 0)
+    first.n_calls = 4
+    first.leaves[0].per_call = np.array([[float(c), 0.0, 0.5, 1.0] for c in range(4)])
+    attn = [_attn(layer, call, 10 + 2 * call + layer) for call in range(2) for layer in range(2)]
+    rot_keys = [first.key.replace("forward.0", f"forward.{c}") for c in range(4)]
+    construct = {k: a.key for k, a in zip(rot_keys, attn)} | {a.key: None for a in attn}
+    out, _ = attribute([first] + attn, construct)
+    rot = [e for e in out if e.cls == "RotaryEmbedding"]
+    assert [(e.raw_path, e.call, e.n_calls) for e in rot] == [
+        ("model.layers.0.self_attn.rotary_emb", 0, 2), ("model.layers.1.self_attn.rotary_emb", 0, 2)]
+    # each block keeps its own calls' statistics, in call order
+    assert [r[0] for r in rot[0].leaves[0].per_call] == [0.0, 2.0]
+    assert [r[0] for r in rot[1].leaves[0].per_call] == [1.0, 3.0]
+    assert rot[1].leaves[0].max == 1.0
+
+
 def test_real_vllm_rotary_is_one_module_per_layer():
     dump = load_path(REAL / "llama_clean_stats_onestep" / "rollout" / "step0" / "rank0" / "dump.json")
     rot = [e for e in dump.entries if e.cls == "RotaryEmbedding"]
@@ -73,8 +91,9 @@ def test_real_vllm_rotary_is_one_module_per_layer():
     layers = 3
     assert sorted({e.raw_path for e in rot}) == [f"model.layers.{i}.self_attn.rotary_emb" for i in range(layers)]
     for i in range(layers):
-        calls = [e.call for e in rot if e.raw_path == f"model.layers.{i}.self_attn.rotary_emb"]
-        assert calls == list(range(case["forward_calls"]))
+        # the prefill, then the decode calls as one folded run
+        calls = [(e.call, e.n_calls) for e in rot if e.raw_path == f"model.layers.{i}.self_attn.rotary_emb"]
+        assert calls == [(0, 1), (1, case["forward_calls"] - 1)]
     # each layer's rotary call sits right after its own qkv projection, as the engine ran it
     keys = [e.key for e in dump.entries]
     for i in range(layers):

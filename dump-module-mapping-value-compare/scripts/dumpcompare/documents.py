@@ -84,6 +84,14 @@ def _one_sided_record(o, r: ModuleRecord) -> dict:
             "pass_through": o.pass_through}
 
 
+def _stitched_calls(plan: MappingPlan, recs: list[ModuleRecord], side: str, mapped: set) -> int:
+    """Calls of mapped modules that are stitched onto their first call: later calls left one-sided,
+    and the later calls inside a folded record whose points are stitched."""
+    later = sum(recs[o.rec].calls for o in plan.one_sided if o.side == side and recs[o.rec].path in mapped)
+    first = {c.rec for p in plan.comparisons if p.stitched == side for c in getattr(p, side)[:1]}
+    return later + sum(recs[i].calls - 1 for i in first)
+
+
 def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleRecord]) -> tuple[dict, list]:
     """Mapping plan: pairs, one-sided modules, planned comparisons and the required summary."""
     recs = {"train": train, "rollout": rollout}
@@ -97,12 +105,12 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     only = {s: {recs[s][o.rec].path for o in one[s]} for s in recs}
     summary = {
         "train_modules": len(modules["train"]), "rollout_modules": len(modules["rollout"]),
-        "train_calls": len(fwd["train"]), "rollout_calls": len(fwd["rollout"]),
+        "train_calls": sum(r.calls for r in fwd["train"]), "rollout_calls": sum(r.calls for r in fwd["rollout"]),
         "mapped_train_modules": len(mapped["train"]), "mapped_rollout_modules": len(mapped["rollout"]),
         "train_only": len(only["train"]), "rollout_only": len(only["rollout"]),
         "train_only_unexpected": len({recs["train"][o.rec].path for o in one["train"] if not o.expected}),
         "rollout_only_unexpected": len({recs["rollout"][o.rec].path for o in one["rollout"] if not o.expected}),
-        "stitched_calls": {s: sum(1 for o in plan.one_sided if o.side == s and recs[s][o.rec].path in mapped[s])
+        "stitched_calls": {s: _stitched_calls(plan, recs[s], s, mapped[s])
                            for s in recs},
         "pairs": len(plan.pairs), "pairs_by_kind": dict(Counter(p.kind for p in plan.pairs)),
         "pairs_by_alignment": dict(Counter(p.aligned_by for p in plan.pairs)),

@@ -275,7 +275,7 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
         plans.append(PointPlan("", point, kind, axis, tr, ro, lay["train"], lay["rollout"], stitched=stitched,
                                heads=_head_carriers(point, lay, carriers)))
 
-    stitch = _stitch_groups(carriers)
+    stitch = _stitch_groups(carriers, sides)
     stitched_calls = {c for _, calls in stitch.values() for c in calls[1:]}
     for point in sorted(set(carriers["train"]) | set(carriers["rollout"]),
                         key=lambda p: (_first_rec(p, carriers), p)):
@@ -342,9 +342,13 @@ def _head_carriers(point: str, layout: dict[str, str | None], carriers) -> list[
     return [(what, s, c) for what, s, c in found if c is not None]
 
 
-def _stitch_groups(carriers) -> dict[str, tuple[str, list[str]]]:
+def _stitch_groups(carriers, sides) -> dict[str, tuple[str, list[str]]]:
     """Activation points one side splits over calls 0..n (prefill then decode steps) while the other
-    side computes them in one call: point -> (split side, [point, point@1, ...])."""
+    side computes them in one call: point -> (split side, [point, point@k, ...]), one point per
+    record (the loader folds a run of calls alike into one record, so @k follows the calls it holds)."""
+    def calls(side: str, point: str) -> int:
+        return sides[side][carriers[side][point].rec].calls
+
     groups = {}
     for side, other in (("rollout", "train"), ("train", "rollout")):
         for point, c in carriers[side].items():
@@ -353,11 +357,24 @@ def _stitch_groups(carriers) -> dict[str, tuple[str, list[str]]]:
             if at_call(point, 1) in carriers[other] or any(at_call(p, 1) in carriers[other]
                                                             for p in point.split("+")):
                 continue
-            calls, n = [point], 1
+            seq, n = [point], 1
             while at_call(point, n) in carriers[side]:
-                calls.append(at_call(point, n))
-                n += 1
-            groups.setdefault(point, (side, calls))
+                seq.append(at_call(point, n))
+                n += calls(side, at_call(point, n))
+            groups.setdefault(point, (side, seq))
+    # On a side split over calls, a point whose calls were all alike (an engine's logits, one
+    # sampled row per call) is one folded record holding every call: split it the same way.
+    for side, other in (("rollout", "train"), ("train", "rollout")):
+        spans = {sum(calls(side, p) for p in seq) for s, seq in groups.values() if s == side}
+        if len(spans) != 1:
+            continue
+        total = spans.pop()
+        for point, c in carriers[side].items():
+            if point in groups or "@" in point or c.io == "param" or calls(side, point) != total:
+                continue
+            theirs = [p for p in ([point] if point in carriers[other] else point.split("+")) if p in carriers[other]]
+            if theirs and all(calls(other, p) == 1 for p in theirs):
+                groups[point] = (side, [point])
     return groups
 
 

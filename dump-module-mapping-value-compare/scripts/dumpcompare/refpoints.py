@@ -12,6 +12,7 @@ import numpy as np
 
 from . import points
 from .arrays import leaf_array, rel_error, to_dtype
+from .callruns import call_leaves, calls_held, side_leaves
 from .compare.stats import Stats, combine, stat_error_calls, stat_errors
 from .compare.tensors import as_tokens
 from .dtypes import dtype_key
@@ -172,15 +173,11 @@ def call_groups(view, leaves: list[Leaf], ref: np.ndarray, call_ends: list[int],
     if call_ends[-1] != len(ref):
         return None
     starts = [0] + call_ends[:-1]
-    if len(leaves) == len(call_ends):
-        groups = [[lf] for lf in leaves]
-    elif len(leaves) == 1 and leaves[0].per_call is not None and len(leaves[0].per_call) == len(call_ends) \
-            and not use_tensors:
-        lf = leaves[0]
-        groups = [[Leaf(lf.name, lf.dtype, lf.shape, *[None if math.isnan(v) else float(v) for v in row])]
-                  for row in lf.per_call]
-    else:
+    if len(leaves) == 1 and calls_held(leaves[0]) == len(call_ends):
+        leaves = call_leaves(leaves[0])         # one leaf with a row of statistics per call
+    if len(leaves) != len(call_ends):
         return None
+    groups = [[lf] for lf in leaves]
     width = ref.shape[1]
     out = []
     for group, s, e in zip(groups, starts, call_ends):
@@ -275,7 +272,7 @@ def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tens
         if p.axis != "features":
             continue
         ref = point_reference(run, p.point)
-        leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(p, side)]
+        leaves = side_leaves(view.leaves, getattr(p, side), p.stitched == side)
         if ref is None or not leaves or None in leaves or all(lf.numel is None for lf in leaves):
             continue
         # Calls are told apart only where the plan holds them one by one (stitched) or folded.

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import modelconfig
 from .arrays import leaf_array
+from .callruns import side_leaves
 from .compare.layout import interleave_parts
 from .points import layer as point_layer
 from .refparts import suspects
@@ -142,7 +143,7 @@ def _fused_parts(refmodel, ref, run: RefRun, ids, dtype: str, dep: dict, plans, 
     plan = next((p for p in plans if p.cid == dep["cid"]), None)
     if plan is None or "+" not in plan.point or dep["layer"] is None:
         return None
-    leaves = [view.leaves[c.rec].get(c.leaf) for c in getattr(plan, side)]
+    leaves = side_leaves(view.leaves, getattr(plan, side), plan.stitched == side)
     if not leaves or None in leaves:
         return None
     clean = _simulate(refmodel, ref, run, ids, dtype, dep["layer"], {}, {}, namer, at)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .arrays import leaf_array, to_dtype
+from .callruns import side_leaves
 from .compare.logprob import TOKENS_POINT
 from .compare.tensors import as_tokens
 from .dtypes import dtype_key, is_int_dtype
@@ -268,6 +269,6 @@ def side_carriers(plans, side: str, recs: list, leaves: list[dict]) -> dict:
     def pick(point: str, role: str | None) -> list:
         plan = next((p for p in plans if p.point == point and p.pair is None
                      and (role is None or all(recs[c.rec].role == role for c in getattr(p, side)))), None)
-        return [leaves[c.rec].get(c.leaf) for c in getattr(plan, side)] if plan else []
+        return side_leaves(leaves, getattr(plan, side), plan.stitched == side) if plan else []
     return {"tokens": [lf for lf in pick(TOKENS_POINT, None) if lf is not None and is_int_dtype(lf.dtype)],
             "embed": [lf for lf in pick("L0.resid_in", "embed") if lf is not None]}

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import merge_rule
+from ..callruns import call_keys, calls_held, side_leaves
 from ..dtypes import dtype_key, is_int_dtype
 from ..plan import Carrier, PointPlan
 from ..records import Dump, Leaf
@@ -82,8 +83,9 @@ class Result:
         self.reason = reason
 
 
-def _leaf(view: SideView, c: Carrier) -> Leaf | None:
-    return view.leaves[c.rec].get(c.leaf)
+def _side(view: SideView, plan: PointPlan, side: str) -> list[Leaf | None]:
+    """The plan's leaves of one side: one per call where that side's calls are stitched."""
+    return side_leaves(view.leaves, getattr(plan, side), plan.stitched == side)
 
 
 def leaf_stats(leaf: Leaf, calls: int = 1) -> Stats:
@@ -105,10 +107,13 @@ def _at(s: Stats, i: int) -> Stats:
 
 
 def _describe(view: SideView, carriers: list[Carrier], leaves: list[Leaf | None]) -> dict:
+    # A stitched side lists each call, also those its loader folded into one entry.
+    runs = [calls_held(view.leaves[c.rec].get(c.leaf)) if len(leaves) > len(carriers) else 1 for c in carriers]
     return {
-        "modules": [view.paths[c.rec] for c in carriers],
-        "keys": [view.keys[c.rec] for c in carriers],
-        "leaves": [c.leaf for c in carriers],
+        "modules": [view.paths[c.rec] for c, n in zip(carriers, runs) for _ in range(n)],
+        "keys": [k for c, n in zip(carriers, runs)
+                 for k in (call_keys(view.keys[c.rec], view.leaves[c.rec].get(c.leaf)) if n > 1 else [view.keys[c.rec]])],
+        "leaves": [c.leaf for c, n in zip(carriers, runs) for _ in range(n)],
         "dtypes": [lf.dtype if lf else None for lf in leaves],
         "shapes": [list(lf.shape) if lf and lf.shape is not None else None for lf in leaves],
         # How tensor-parallel ranks were joined into each leaf (unshard.py); null: one rank.
@@ -154,8 +159,7 @@ class Executor:
 
     def run_one(self, plan: PointPlan) -> Result:
         """Execute one planned comparison."""
-        tl = [_leaf(self.t, c) for c in plan.train]
-        rl = [_leaf(self.r, c) for c in plan.rollout]
+        tl, rl = _side(self.t, plan, "train"), _side(self.r, plan, "rollout")
         notes, trim = [], None
         rows = None
         if plan.stitched and None not in tl + rl:
@@ -355,8 +359,8 @@ class Executor:
         """
         given = None if self.given is None else np.asarray(self.given, np.int64)
         plan = next((p for p in plans if p.point == TOKENS_POINT and p.pair is None), None)
-        tl = [_leaf(self.t, c) for c in plan.train] if plan else [None]
-        rl = [_leaf(self.r, c) for c in plan.rollout] if plan else [None]
+        tl = _side(self.t, plan, "train") if plan else [None]
+        rl = _side(self.r, plan, "rollout") if plan else [None]
         tensors = (self._tensors(plan, tl, rl, Result("", "", "", "", "", "", None, None, None, {}, {}))
                    if None not in tl + rl else None)
         if tensors is None:

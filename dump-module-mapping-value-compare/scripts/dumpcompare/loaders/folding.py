@@ -1,21 +1,21 @@
-"""Fold the repeated calls of each module into one entry whose leaves carry per-call statistics.
+"""Fold runs of a module's calls into one entry whose leaves carry per-call statistics.
 
 A large dump is mostly the same modules called again and again: gradient-accumulation
-micro-batches, recomputation, repeated forwards. Naming, mapping and planning depend only on a
-module's key and the structure of its leaves, so when every call of a module has the same
-structure (leaf names, dtypes, shapes, which statistics are present, the same non-tensor
-arguments, no per-call tensor file or checksum), the calls are kept as one :class:`Entry`
-(call 0) with ``n_calls`` and each leaf's ``per_call`` statistics, and the comparison runs on
-all calls at once.
+micro-batches, recomputation, repeated forwards, an engine's decode calls. Naming, mapping and
+planning depend only on a module's key and the structure of its leaves, so consecutive calls of a
+module with the same structure (leaf names, dtypes, shapes, which statistics are present, the
+same non-tensor arguments, no per-call tensor file or checksum) are kept as one :class:`Entry` (the
+run's first call) with ``n_calls`` and each leaf's ``per_call`` statistics. A call whose structure
+differs starts the module's next run: a generation folds into two runs per module, the prefill
+and then every decode call, instead of one entry per call.
 
 A later call is checked and read without building leaves: its four statistics are taken out of
-each tensor item and what remains must equal call 0's remains (one deep comparison in C). That
-keeps loading close to the speed of the JSON parser, which matters for gigabyte dumps.
+each tensor item and what remains must equal the run's first call's remains (one deep comparison
+in C). That keeps loading close to the speed of the JSON parser, which matters for gigabyte dumps.
 
-Folding is all or nothing for one dump: if any module's calls differ (a prefill then decode
-steps, tensor files, checksums) or arrive out of order, every call becomes its own entry again,
-exactly as without folding, so the call-specific logic (stitching, ``@n`` points) sees the dump
-it expects.
+Calls that arrive out of order or repeat a key stop folding for the whole dump: every call
+becomes its own entry again, exactly as without folding. Code that reads calls one by one (a
+stitched generation) takes a run apart with callruns.call_leaves.
 """
 from __future__ import annotations
 
@@ -40,7 +40,11 @@ class _Group:
     absent: list[bool]               # 4 per leaf: which statistics call 0 lacks
     remains: Any                     # call 0's entry with the statistics taken out
     rows: array                      # float64, 4 per leaf per call, NaN where absent
-    orders: list[int] = field(default_factory=list)    # file positions of calls 1..n
+    orders: list[int] = field(default_factory=list)    # file positions of the run's later calls
+
+    @property
+    def next_call(self) -> int:
+        return self.first.call + len(self.orders) + 1
 
 
 def _path(value: Any, name: str) -> tuple:
@@ -95,22 +99,33 @@ def _call_entry(first: Entry, call: int, row) -> Entry:
     return replace(first, key=f"{first.key.rsplit('.', 1)[0]}.{call}", call=call, leaves=leaves, n_calls=1)
 
 
-def unfold(first: Entry) -> list[Entry]:
-    """The calls of a folded entry, each its own entry again (one call: the entry itself)."""
+def select_calls(first: Entry, picks: list[int]) -> Entry:
+    """The calls at positions ``picks`` of a folded entry (0 = its first call) as one entry of
+    their own, whose first call is ``picks[0]``; call numbers and key are left to the caller."""
     if first.n_calls <= 1:
-        return [first]
-    blank = (_NAN,) * 4
-    return [_call_entry(first, c, [v for lf in first.leaves for v in (
-        lf.per_call[c] if lf.per_call is not None else blank)]) for c in range(first.n_calls)]
+        return first
+    at = np.asarray(picks)
+    leaves = []
+    for lf in first.leaves:
+        if lf.per_call is None:
+            leaves.append(lf)
+            continue
+        rows = lf.per_call[at]
+        row = rows[0].tolist()
+        leaves.append(replace(lf, max=None if lf.max is None else row[0], min=None if lf.min is None else row[1],
+                              mean=None if lf.mean is None else row[2], norm=None if lf.norm is None else row[3],
+                              per_call=rows if len(picks) > 1 else None))
+    return replace(first, leaves=leaves, n_calls=len(picks))
 
 
 class CallFolder:
     """Receives a dump's ``(key, value)`` items in file order and builds its entries."""
 
     def __init__(self, enabled: bool = True) -> None:
-        # (file position, entry); calls > 0 of a folded module live in their group instead
+        # (file position, entry); a run's later calls live in its group instead
         self.kept: list[tuple[int, Entry]] = []
-        self.groups: dict[tuple, _Group] = {}
+        self.groups: dict[tuple, _Group] = {}       # per module: its current run
+        self.runs: list[_Group] = []
         self.keys: set[str] = set()
         self.skipped: list[str] = []
         self.count = 0
@@ -127,14 +142,14 @@ class CallFolder:
         if not self.broken and kind == "module" and direction in (FORWARD, BACKWARD):
             base = (path, cls, direction)
             g = self.groups.get(base)
-            if g is not None and call == len(g.orders) + 1 and key not in self.keys:
-                if self._fold_call(g, value):
-                    g.orders.append(order)
-                    self.keys.add(key)
-                    return
+            in_order = key not in self.keys and call == (0 if g is None else g.next_call)
+            if g is not None and in_order and self._fold_call(g, value):
+                g.orders.append(order)
+                self.keys.add(key)
+                return
             e = build_entry(key, value, order)
-            if g is None and call == 0 and key not in self.keys:
-                self._start_group(base, e, value)
+            if in_order:
+                self._start_group(base, e, value)      # the module's first call, or a new structure
             else:
                 self._break()
             self.keys.add(key)
@@ -152,8 +167,9 @@ class CallFolder:
         except (KeyError, IndexError, TypeError, ValueError):
             self._break()           # leaf names that do not lead back to their own items
             return
-        self.groups[base] = _Group(e, paths, [v is None for v in nums], value,
-                                   array("d", [_NAN if v is None else v for v in nums]))
+        g = _Group(e, paths, [v is None for v in nums], value, array("d", [_NAN if v is None else v for v in nums]))
+        self.groups[base] = g
+        self.runs.append(g)
 
     def _fold_call(self, g: _Group, value: dict) -> bool:
         taken: list = []
@@ -169,11 +185,11 @@ class CallFolder:
         return True
 
     def finish(self) -> tuple[list[Entry], list[str], bool]:
-        """(entries in file order, skipped keys, folded): folded when every module's calls share a plan."""
+        """(entries in file order, skipped keys, folded): folded when some run holds several calls."""
         entries = [e for _, e in self.kept]
-        if self.broken or all(not g.orders for g in self.groups.values()):
+        if self.broken or all(not g.orders for g in self.runs):
             return entries, self.skipped, False
-        for g in self.groups.values():
+        for g in self.runs:
             if not g.orders:
                 continue
             n = len(g.orders) + 1
@@ -189,9 +205,10 @@ class CallFolder:
         if self.broken:
             return
         self.broken = True
-        for g in self.groups.values():
+        for g in self.runs:
             w = len(g.first.leaves) * 4
-            self.kept += [(order, _call_entry(g.first, call, g.rows[call * w:(call + 1) * w]))
-                          for call, order in enumerate(g.orders, start=1)]
+            self.kept += [(order, _call_entry(g.first, g.first.call + i, g.rows[i * w:(i + 1) * w]))
+                          for i, order in enumerate(g.orders, start=1)]
         self.kept.sort(key=lambda oe: oe[0])
         self.groups.clear()
+        self.runs.clear()

@@ -17,7 +17,7 @@ import re
 from dataclasses import replace
 
 from ..records import FORWARD, Entry
-from .folding import unfold
+from .folding import select_calls
 from .msprobe import parse_key
 
 _NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
@@ -27,16 +27,23 @@ def _shape(path: str) -> str:
     return _NUMBER.sub("#", path)
 
 
-def _caller(e: Entry, construct: dict) -> str | None:
-    """The path of the block that called ``e`` when it is not ``e``'s own parent path but the same
-    place in another numbered block; None otherwise."""
-    parent = construct.get(e.key)
+def _caller(key: str, raw_path: str, construct: dict) -> str | None:
+    """The path of the block that made call ``key`` of module ``raw_path`` when it is not the
+    module's own parent path but the same place in another numbered block; None otherwise."""
+    parent = construct.get(key)
     parsed = parse_key(parent) if isinstance(parent, str) else None
-    if parsed is None or parsed[0] != "module" or "." not in e.raw_path:
+    if parsed is None or parsed[0] != "module" or "." not in raw_path:
         return None
-    own = e.raw_path.rsplit(".", 1)[0]
+    own = raw_path.rsplit(".", 1)[0]
     path = parsed[1]
     return path if path != own and _shape(path) == _shape(own) else None
+
+
+def _counterpart(e: Entry | None, own: str, caller: str) -> str | None:
+    """The key of the entry at ``e``'s place in block ``caller`` when ``e`` sits in block ``own``."""
+    if e is None or e.kind != "module" or not e.raw_path.startswith(own + "."):
+        return None
+    return f"Module.{caller}{e.raw_path[len(own):]}.{e.cls}.{e.direction}.{e.call}"
 
 
 def _parent_paths(entries: list[Entry], construct: dict) -> dict[str, set]:
@@ -65,30 +72,41 @@ def attribute(entries: list[Entry], construct: dict | None) -> tuple[list[Entry]
         return entries, []
     seen: dict[tuple, int] = {}
     moved: dict[str, set] = {}
-    out, placed = [], []        # placed: (moved entry, key of the parent it goes before)
+    out, placed = [], []        # placed: (moved entry, key it goes after, key of the parent it goes before)
     for e in entries:
-        mine = e.kind == "module" and e.direction == FORWARD and e.raw_path in shared
-        folded = mine and e.n_calls > 1
-        for c in unfold(e) if folded else [e]:
-            caller = _caller(c, construct) if mine else None
+        if not (e.kind == "module" and e.direction == FORWARD and e.raw_path in shared):
+            out.append(e)
+            continue
+        base = e.key.rsplit(".", 1)[0]
+        before = out[-1] if out else None
+        # The entry's calls (a folded run holds several) grouped by the block that made each.
+        by_caller: dict[str | None, list[int]] = {}
+        for i in range(e.n_calls):
+            by_caller.setdefault(_caller(f"{base}.{e.call + i}", e.raw_path, construct), []).append(i)
+        for caller, picks in by_caller.items():
+            sub = select_calls(e, picks)
             if caller is None:
-                out.append(c)
+                out.append(replace(sub, call=e.call + picks[0], key=f"{base}.{e.call + picks[0]}"))
                 continue
-            path = f"{caller}.{c.raw_path.rsplit('.', 1)[1]}"
-            n = seen.get((path, c.cls), 0)
-            seen[(path, c.cls)] = n + 1
-            moved.setdefault(c.raw_path, set()).add(caller)
-            new = replace(c, key=f"Module.{path}.{c.cls}.{c.direction}.{n}", raw_path=path, call=n)
-            # A folded entry stands where its first call ran; each later call goes right before the
-            # block that called it (a module completes before its parent, as msprobe writes them).
-            if folded:
-                placed.append((new, construct[c.key]))
-            else:
+            path = f"{caller}.{e.raw_path.rsplit('.', 1)[1]}"
+            n = seen.get((path, e.cls), 0)
+            seen[(path, e.cls)] = n + len(picks)
+            moved.setdefault(e.raw_path, set()).add(caller)
+            new = replace(sub, key=f"Module.{path}.{e.cls}.{e.direction}.{n}", raw_path=path, call=n)
+            # Calls of a folded run that its first call's block did not make stand at the same place
+            # in the block that made them: after the counterpart of the entry the run follows, else
+            # right before that block (a module completes before its parent, as msprobe writes them).
+            if picks[0] == 0:
                 out.append(new)
+            else:
+                placed.append((new, _counterpart(before, e.raw_path.rsplit(".", 1)[0], caller),
+                               construct[f"{base}.{e.call + picks[0]}"]))
     if not moved:
         return entries, []
-    for new, parent in placed:
-        at = next((i for i, x in enumerate(out) if x.key == parent), len(out))
+    for new, after, parent in placed:
+        at = next((i + 1 for i, x in enumerate(out) if x.key == after), None) if after else None
+        if at is None:
+            at = next((i for i, x in enumerate(out) if x.key == parent), len(out))
         out.insert(at, new)
     notes = [f"{src} is one module object shared by {len(dst)} other block(s) (msprobe names it once); its calls "
              f"were put under the block that made each, from construct.json" for src, dst in sorted(moved.items())]
@@ -105,6 +123,6 @@ def _renumber(entries: list[Entry], paths: set) -> list[Entry]:
             continue
         k = (e.raw_path, e.cls, e.direction)
         n = count.get(k, 0)
-        count[k] = n + 1
+        count[k] = n + e.n_calls
         out.append(e if n == e.call else replace(e, key=f"{e.key.rsplit('.', 1)[0]}.{n}", call=n))
     return out
