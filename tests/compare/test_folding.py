@@ -47,7 +47,7 @@ def _every_call(dump):
     out = {}
     for e in dump.entries:
         per_leaf = [call_leaves(lf) if lf.is_tensor else [lf] * e.n_calls for lf in e.leaves]
-        for i, key in enumerate(call_keys(e.key, next((lf for lf in e.leaves if lf.per_call is not None), None))):
+        for i, key in enumerate(call_keys(e.key, e.n_calls)):
             out[key] = [_stats(calls[i]) for calls in per_leaf]
     return out
 

@@ -8,8 +8,6 @@ these helpers give it that view without the loader keeping thousands of entries.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from .records import Leaf
 
 
@@ -18,11 +16,15 @@ def call_leaves(leaf: Leaf | None) -> list[Leaf | None]:
     if leaf is None or leaf.per_call is None or len(leaf.per_call) <= 1:
         return [leaf]
     # A statistic the run's calls lack is None in every call; one they hold keeps its value, NaN
-    # included (a NaN statistic is data, not an absence).
+    # included (a NaN statistic is data, not an absence). Built field by field rather than with
+    # dataclasses.replace, which costs several times more and runs once per call of a generation.
     has = (leaf.max is not None, leaf.min is not None, leaf.mean is not None, leaf.norm is not None)
-    return [replace(leaf, max=row[0] if has[0] else None, min=row[1] if has[1] else None,
-                    mean=row[2] if has[2] else None, norm=row[3] if has[3] else None, per_call=None)
-            for row in leaf.per_call.tolist()]
+    out = []
+    for mx, mn, mean, norm in leaf.per_call.tolist():
+        out.append(Leaf(leaf.name, leaf.dtype, leaf.shape, mx if has[0] else None, mn if has[1] else None,
+                        mean if has[2] else None, norm if has[3] else None, leaf.requires_grad, leaf.checksum,
+                        leaf.data_name, leaf.value, leaf.is_tensor, leaf.merge, leaf.shards, None, leaf.shard_hint))
+    return out
 
 
 def calls_held(leaf: Leaf | None) -> int:
@@ -30,10 +32,9 @@ def calls_held(leaf: Leaf | None) -> int:
     return 1 if leaf is None or leaf.per_call is None else len(leaf.per_call)
 
 
-def call_keys(key: str, leaf: Leaf | None) -> list[str]:
-    """The dump keys of the calls a leaf holds: ``key`` is the key of the first."""
-    n = calls_held(leaf)
-    if n == 1:
+def call_keys(key: str, n: int) -> list[str]:
+    """The dump keys of ``n`` calls from call ``key`` on (a run's first key and its length)."""
+    if n <= 1:
         return [key]
     base, first = key.rsplit(".", 1)
     return [f"{base}.{int(first) + i}" for i in range(n)]

@@ -148,20 +148,19 @@ def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
     per_call = call_groups(view, leaves, ref, call_ends, use_tensors) if call_ends and len(call_ends) > 1 else None
     if per_call is None:
         return _judge_whole(ref, view, leaves, n_parts, tolerances, use_tensors)
-    calls = []
     judged = _judge_calls(per_call, view, n_parts, tolerances, use_tensors)
-    for c, j in enumerate(judged):
-        calls.append({"call": c, "matches_reference": j["matches_reference"], "error": j["error"]})
-        last = j
-    bad = [c for c in calls if c["matches_reference"] is False]
-    unknown = [c for c in calls if c["matches_reference"] not in (True, False)]
-    errs = [c["error"] for c in calls if c["error"] is not None]
+    # Columns indexed by call: a generation judges thousands of calls at every point.
+    matches = [j["matches_reference"] for j in judged]
+    errors = [j["error"] for j in judged]
+    bad = [c for c, m in enumerate(matches) if m is False]
+    unknown = [c for c, m in enumerate(matches) if m not in (True, False)]
+    errs = [e for e in errors if e is not None]
     value = False if bad else "unknown" if unknown else True
-    out = {"matches_reference": value, "error": max(errs) if errs else None, "tolerance": last["tolerance"],
-           "how": f"{last['how']}, per call", "calls": calls,
-           "first_call": bad[0]["call"] if bad else None}
+    out = {"matches_reference": value, "error": max(errs) if errs else None, "tolerance": judged[-1]["tolerance"],
+           "how": f"{judged[-1]['how']}, per call", "calls": {"matches_reference": matches, "error": errors},
+           "first_call": bad[0] if bad else None}
     if unknown and not bad:
-        out["detail"] = f"{len(unknown)} of {len(calls)} calls could not be judged"
+        out["detail"] = f"{len(unknown)} of {len(matches)} calls could not be judged"
     return out
 
 
@@ -272,8 +271,10 @@ def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tens
         if p.axis != "features":
             continue
         ref = point_reference(run, p.point)
+        if ref is None:
+            continue
         leaves = side_leaves(view.leaves, getattr(p, side), p.stitched == side)
-        if ref is None or not leaves or None in leaves or all(lf.numel is None for lf in leaves):
+        if not leaves or None in leaves or all(lf.numel is None for lf in leaves):
             continue
         # Calls are told apart only where the plan holds them one by one (stitched) or folded.
         by_call = p.stitched == side or (len(leaves) == 1 and leaves[0].per_call is not None)
@@ -329,4 +330,4 @@ def departure(plans, judged: dict, run: RefRun) -> dict | None:
     j = judged[first.cid]
     return {"cid": first.cid, "point": first.point, "layer": points.layer(first.point), "error": j["error"],
             "tolerance": j["tolerance"], "how": j["how"], "call": j.get("first_call"),
-            "calls": len(j["calls"]) if j.get("calls") else None}
+            "calls": len(j["calls"]["matches_reference"]) if j.get("calls") else None}

@@ -106,19 +106,28 @@ def _at(s: Stats, i: int) -> Stats:
                  s.numel, s.dtype, s.is_int)
 
 
-def _describe(view: SideView, carriers: list[Carrier], leaves: list[Leaf | None]) -> dict:
-    # A stitched side lists each call, also those its loader folded into one entry.
-    runs = [calls_held(view.leaves[c.rec].get(c.leaf)) if len(leaves) > len(carriers) else 1 for c in carriers]
-    return {
-        "modules": [view.paths[c.rec] for c, n in zip(carriers, runs) for _ in range(n)],
-        "keys": [k for c, n in zip(carriers, runs)
-                 for k in (call_keys(view.keys[c.rec], view.leaves[c.rec].get(c.leaf)) if n > 1 else [view.keys[c.rec]])],
-        "leaves": [c.leaf for c, n in zip(carriers, runs) for _ in range(n)],
-        "dtypes": [lf.dtype if lf else None for lf in leaves],
-        "shapes": [list(lf.shape) if lf and lf.shape is not None else None for lf in leaves],
+def _describe(view: SideView, carriers: list[Carrier], stitched: bool) -> dict:
+    got = [view.leaves[c.rec].get(c.leaf) for c in carriers]
+    out = {
+        "modules": [view.paths[c.rec] for c in carriers],
+        "keys": [view.keys[c.rec] for c in carriers],
+        "leaves": [c.leaf for c in carriers],
+        "dtypes": [lf.dtype if lf else None for lf in got],
+        "shapes": [list(lf.shape) if lf and lf.shape is not None else None for lf in got],
         # How tensor-parallel ranks were joined into each leaf (unshard.py); null: one rank.
-        "merges": [lf.merge if lf else None for lf in leaves],
+        "merges": [lf.merge if lf else None for lf in got],
     }
+    runs = [calls_held(lf) for lf in got]
+    if stitched and max(runs, default=1) > 1:
+        # A stitched record that the loader folded holds several calls, from its key on.
+        out["calls"] = runs
+    return out
+
+
+def side_call_keys(side: dict) -> list[str]:
+    """The dump key of every call a result's side read, runs taken apart (``Side.calls``)."""
+    runs = side.get("calls") or [1] * len(side["keys"])
+    return [k for key, n in zip(side["keys"], runs) for k in call_keys(key, n)]
 
 
 def _stats_dict(s: Stats) -> dict:
@@ -170,7 +179,8 @@ class Executor:
                          f"then one per decode call): lined up with the other side's rows {rows.start}.."
                          f"{rows.stop - 1}"]
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
-                     _describe(self.t, plan.train, tl), _describe(self.r, plan.rollout, rl), pair=plan.pair)
+                     _describe(self.t, plan.train, plan.stitched == "train"),
+                     _describe(self.r, plan.rollout, plan.stitched == "rollout"), pair=plan.pair)
         res.notes += notes
         if any(lf is None for lf in tl + rl):
             res.skipped("missing_leaf", "a planned leaf is missing from the dump")
@@ -295,7 +305,7 @@ class Executor:
         if v is None:
             return False
         side = "rollout" if trim == "train" else "train"
-        keys = (res.rollout if side == "rollout" else res.train)["keys"]
+        keys = side_call_keys(res.rollout if side == "rollout" else res.train)
         # A piece is a call when the side holds one leaf per call (not parts of a fused tensor).
         call = v.piece if v.piece is not None and len(set(keys)) == len(pieces) else None
         res.status, res.error, res.tolerance, res.strict_tolerance = v.status, v.error, tol, strict

@@ -54,7 +54,12 @@ def combine(parts: list[Stats]) -> Stats:
     def all_have(attr):
         return all(getattr(p, attr) is not None for p in parts)
 
+    scalar = _is_scalar(parts)
+
     def stacked(attr):
+        # One-call parts (a generation's calls, taken one by one) build their column in one go.
+        if scalar:
+            return np.array([[getattr(p, attr)] for p in parts], dtype=np.float64)
         return np.stack([np.atleast_1d(np.asarray(getattr(p, attr), dtype=np.float64)) for p in parts])
 
     numel = sum(p.numel for p in parts) if all_have("numel") else None
@@ -70,7 +75,7 @@ def combine(parts: list[Stats]) -> Stats:
             out["mean"] = np.sum(stacked("mean") * weights, axis=0)
         if all_have("norm"):
             out["norm"] = np.hypot.reduce(stacked("norm"), axis=0)
-    if _is_scalar(parts):
+    if scalar:
         out = {a: None if v is None else float(v[0]) for a, v in out.items()}
     dtypes = {p.dtype for p in parts}
     return Stats(out["max"], out["min"], out["mean"], out["norm"], numel,
