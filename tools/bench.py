@@ -702,7 +702,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-prompt", type=int, default=32, help="prompt tokens of the generation stage (default 32)")
     ap.add_argument("--gen-decode", type=int, default=None,
                     help="decode calls of the generation stage (default 256; 32 with --quick)")
-    ap.add_argument("--gen-layers", type=int, default=4, help="decoder layers of the generation model (default 4)")
+    ap.add_argument("--gen-layers", type=int, default=None,
+                    help="decoder layers of the generation model (default 28, a real model's depth, so that the "
+                         "interpreter's fixed start-up is not most of what is timed; 4 with --quick)")
     ap.add_argument("--gen-hidden", type=int, default=256, help="hidden size of the generation model (default 256)")
     ap.add_argument("--gen-vocab", type=int, default=1024, help="vocabulary of the generation model (default 1024)")
     ap.add_argument("--reftorch-mb", type=float, default=2200.0,
@@ -720,6 +722,7 @@ def main(argv=None) -> int:
     args.tensor_vocab = args.tensor_vocab or (256 if q else 65536)
     args.logprob_tokens = args.logprob_tokens or (100_000 if q else 1_000_000)
     args.gen_decode = args.gen_decode or (32 if q else 256)
+    args.gen_layers = args.gen_layers or (4 if q else 28)
     try:
         args.wide_leaves = [int(x) for x in (args.wide_leaves or ("2000,10000" if q else "10000,100000,300000"))
                             .split(",") if x.strip()]
