@@ -1073,7 +1073,7 @@ def run_reftorch(args, work: Path, mem_limit: int, created: list, results: dict,
         f"({_fmt_s(numpy_st.cpu_median)} s against {_fmt_s(torch_st.cpu_median)} s), peak memory "
         f"{_fmt_ratio(_ratio(numpy_st.peak, t_peak))} (target <= 1x; {r['peak_mb']} MB against "
         f"{'-' if t_peak is None else f'{t_peak / MB:.0f}'} MB); {args.reftorch_tokens} tokens, "
-        f"{_mb(sizes['file_bytes'])} MB bf16 checkpoint, {args.repeat} interleaved runs each, "
+        f"{_mb(sizes['file_bytes'])} MB bf16 checkpoint, interleaved rounds: {args.repeat}, "
         f"both under {args.python}{r['tag']}{t_tag}")
     results["reftorch"] = {**sizes, "tokens": args.reftorch_tokens, "python": args.python,
                            "numpy_median_s": numpy_st.median, "transformers_median_s": torch_st.median,
