@@ -45,20 +45,20 @@ def bf16(a: np.ndarray, inplace: bool = False) -> np.ndarray:
     x = a if inplace and isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous \
         and a.flags.writeable else np.array(a, dtype=np.float32, order="C")
     flat = x.reshape(-1)
-    bits = flat.view(np.uint32)
     carry = np.empty(min(_BLOCK, flat.size), dtype=np.uint32)
     for start in range(0, flat.size, _BLOCK):
-        b, c = bits[start:start + _BLOCK], carry[:min(_BLOCK, flat.size - start)]
+        vals = flat[start:start + _BLOCK]
+        bits, c = vals.view(np.uint32), carry[:vals.size]
         # A NaN's bits may wrap or reach infinity: torch writes the quiet NaN. min() is NaN
         # exactly when the block holds one, and is cheaper than a mask of every block.
-        nan = np.isnan(flat[start:start + b.size]) if np.isnan(flat[start:start + b.size].min()) else None
-        np.right_shift(b, 16, out=c)
+        nan = np.isnan(vals) if np.isnan(vals.min()) else None
+        np.right_shift(bits, 16, out=c)
         c &= 1
         c += 0x7FFF
-        b += c          # finite and infinite values cannot wrap (at most 0xFF807FFF)
-        b &= 0xFFFF0000
+        bits += c       # finite and infinite values cannot wrap (at most 0xFF807FFF)
+        bits &= 0xFFFF0000
         if nan is not None:
-            flat[start:start + b.size][nan] = np.nan
+            vals[nan] = np.nan
     return x
 
 
