@@ -29,9 +29,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -m slow $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
+# BENCH_TORCH_PY: a python with torch and transformers; given, `make bench` also times the numpy
+# reference forward against transformers' CPU forward (stage reftorch: a 2.2 GB checkpoint, both
+# forwards under that python). The runtime needs no torch, so without it the stage is not run.
 bench: $(STAMP)
 	$(PY) tools/bench.py
 	$(PY) tools/bench.py --stages refmodel
+	$(if $(BENCH_TORCH_PY),$(PY) tools/bench.py --stages reftorch --python "$(BENCH_TORCH_PY)")
 
 # Eight rank files per side at three sizes: time and memory as the input grows (default command,
 # the ranks merged by the input plan).

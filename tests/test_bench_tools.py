@@ -212,7 +212,7 @@ def test_bench_generation_prints_its_ratio_lines(tmp_path):
         assert "ran True" in ref and "both sides match the reference" in ref, ref
     torch = next(ln for ln in out if ln.startswith("ratio reftorch:"))
     assert re.search(r"ratio reftorch: (skipped: torch not installed|numpy reference forward / transformers "
-                     r"forward = \d+\.\d\dx)", torch), torch
+                     r"forward: time \d+\.\d\dx .* peak memory \d+\.\d\dx)", torch), torch
     assert not (work / "generation").exists()
 
 

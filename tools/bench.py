@@ -37,10 +37,14 @@ printed: ``run_compare.py`` on the decode pair without ``--model`` against ``jso
 two files (target 1.5x), and with ``--model``/``--token-ids`` against the same command on the
 single-forward pair (target 1.2x).
 
-Reference forward against transformers (``reftorch``, by name): the numpy forward of
-dumpcompare.refmodel on a random 1B+ bf16 Llama (``--reftorch-mb``) over ``--reftorch-tokens``
-tokens against transformers' CPU forward of the same checkpoint; skipped when torch and
-transformers are not importable by ``--python``.
+Reference forward against transformers (``reftorch``, by name; ``make bench
+BENCH_TORCH_PY=<python with torch>``): the numpy forward of dumpcompare.refmodel on a random 1B+
+bf16 Llama (``--reftorch-mb``, default 2200 MB) over ``--reftorch-tokens`` tokens (default 1024)
+against transformers' CPU forward of the same checkpoint (bf16, ``torch.set_num_threads`` = the
+cores; numpy's BLAS takes the cores by itself), interleaved. Both run under ``--python``, which
+must import torch and transformers (the stage is skipped otherwise), so one numpy and one machine
+load serve both sides; the ratio line gives both medians, both CPU times, both peaks, the
+checkpoint, the tokens and that interpreter (targets: time <= 1.5x, memory <= 1x transformers').
 
 Tensor mode: ``python3 -m synth --task tensor`` writes a pair with ``.npy`` tensors; ``np.load``
 of every tensor file is the baseline for ``run_compare.py`` and the full root-cause run.
@@ -1017,7 +1021,8 @@ def run_generation(args, work: Path, mem_limit: int, created: list, results: dic
     results["ratio_lines"] = list(ratio_lines)
 
 
-TORCH_CHECK = "import torch, transformers\nprint(torch.__version__, transformers.__version__)\n"
+TORCH_CHECK = ("import numpy, torch, transformers\n"
+               "print(f'torch {torch.__version__}, transformers {transformers.__version__}, numpy {numpy.__version__}')\n")
 TORCH_FORWARD = """
 import sys, torch
 from transformers import AutoModelForCausalLM
@@ -1052,7 +1057,7 @@ def run_reftorch(args, work: Path, mem_limit: int, created: list, results: dict,
     sizes = _random_checkpoint(args, folder, args.reftorch_mb, created)
     info_lines.append(f"reftorch checkpoint: {_mb(sizes['file_bytes'])} MB bf16 "
                       f"({sizes['file_bytes'] / 2e9:.2f}B parameters), {sizes['layers']} layers; "
-                      f"{args.reftorch_tokens} tokens; torch/transformers {chk.stdout.strip()}")
+                      f"{args.reftorch_tokens} tokens; {args.python}: {chk.stdout.strip()}")
     specs = [("reftorch: transformers forward (bf16, CPU)",
               [args.python, "-c", TORCH_FORWARD, str(folder), str(args.reftorch_tokens), str(os.cpu_count() or 1)]),
              ("reftorch: numpy reference forward (bf16)",
@@ -1063,10 +1068,20 @@ def run_reftorch(args, work: Path, mem_limit: int, created: list, results: dict,
         results["stages"][st.name] = _stage_json(st)
         rows.append(stage_row(st, against.median if against else None, sizes["file_bytes"]))
     r = _ratio_parts(numpy_st, torch_st.median, torch_st.cpu_median)
+    t_peak = torch_st.peak
+    t_tag = "" if torch_st.failed is None else f" [transformers: {torch_st.status()}]"
     ratio_lines.append(
-        f"ratio reftorch: numpy reference forward / transformers forward = {r['time']}, cpu time ratio {r['cpu']}; "
-        f"{args.reftorch_tokens} tokens, median {_fmt_s(numpy_st.median)} s against {_fmt_s(torch_st.median)} s, "
-        f"peak {r['peak_mb']} MB{r['tag']}")
+        f"ratio reftorch: numpy reference forward / transformers forward: time {r['time']} (target <= 1.5x; "
+        f"median {_fmt_s(numpy_st.median)} s against {_fmt_s(torch_st.median)} s), cpu time {r['cpu']} "
+        f"({_fmt_s(numpy_st.cpu_median)} s against {_fmt_s(torch_st.cpu_median)} s), peak memory "
+        f"{_fmt_ratio(_ratio(numpy_st.peak, t_peak))} (target <= 1x; {r['peak_mb']} MB against "
+        f"{'-' if t_peak is None else f'{t_peak / MB:.0f}'} MB); {args.reftorch_tokens} tokens, "
+        f"{_mb(sizes['file_bytes'])} MB bf16 checkpoint, interleaved rounds: {args.repeat}, "
+        f"both under {args.python}{r['tag']}{t_tag}")
+    results["reftorch"] = {**sizes, "tokens": args.reftorch_tokens, "python": args.python,
+                           "numpy_median_s": numpy_st.median, "transformers_median_s": torch_st.median,
+                           "numpy_cpu_s": numpy_st.cpu_median, "transformers_cpu_s": torch_st.cpu_median,
+                           "numpy_peak_bytes": numpy_st.peak, "transformers_peak_bytes": t_peak}
     results["ratio_lines"] = list(ratio_lines)
 
 

@@ -110,7 +110,7 @@ def final_logits(config: dict, lm_head_output: np.ndarray, dtype: str = "fp32",
 def _embed(w: Weights, s: Spec, ids: np.ndarray, pos: np.ndarray, rnd):
     x = w.embedding(ids)
     if s.embed_scale is not None:     # Gemma: the scale is cast to the weights' dtype first
-        x = rnd(x * rnd(np.float32(s.embed_scale)))
+        x = rnd(x * rnd(np.float32(s.embed_scale)), inplace=True)
     yield Output("model.embed_tokens", x)
     # Gemma 3 calls its rotary module once per attention type, sliding first; the others once.
     kinds = sorted(set(s.layer_types), reverse=True) if s.family == "gemma3" else [s.layer_types[0]]
@@ -130,18 +130,18 @@ def _layer(w: Weights, s: Spec, i: int, x: np.ndarray, pos: np.ndarray, rnd, ker
     if gemma:     # Gemma's sandwich: the sublayer's output is normed before the residual add
         a = norm("post_attention_layernorm", a)
         yield Output(f"{p}.post_attention_layernorm", a)
-        x = rnd(x + a)
+        x = rnd(x + a, inplace=True)
         h = norm("pre_feedforward_layernorm", x)
         yield Output(f"{p}.pre_feedforward_layernorm", h)
     else:
-        x = rnd(x + a)
+        x = rnd(x + a, inplace=True)
         h = norm("post_attention_layernorm", x)
         yield Output(f"{p}.post_attention_layernorm", h)
     m = yield from (_moe(w, s, i, h, rnd) if s.moe_layers and s.moe_layers[i] else _mlp(w, s, i, h, rnd))
     if gemma:
         m = norm("post_feedforward_layernorm", m)
         yield Output(f"{p}.post_feedforward_layernorm", m)
-    x = rnd(x + m)
+    x = rnd(x + m, inplace=True)
     yield Output(p, x)
     return x
 
@@ -199,7 +199,7 @@ def _mlp(w: Weights, s: Spec, i: int, h: np.ndarray, rnd):
         act = ops.act(s.act, gate, rnd)
         yield Output(f"{m}.act_fn", act)
         yield Output(f"{m}.up_proj", up)
-    out = ops.linear(rnd(act * up), w.need(f"{m}.down_proj.weight", i), w.get(f"{m}.down_proj.bias", i), rnd)
+    out = ops.linear(rnd(act * up, inplace=True), w.need(f"{m}.down_proj.weight", i), w.get(f"{m}.down_proj.bias", i), rnd)
     yield Output(f"{m}.down_proj", out)
     yield Output(m, out)
     return out
@@ -217,7 +217,7 @@ def _moe(w: Weights, s: Spec, i: int, h: np.ndarray, rnd):
     if s.norm_topk:
         weight = weight / weight.sum(axis=-1, keepdims=True)
     if s.family != "mixtral":   # Mixtral's router keeps its weights in float32 (Qwen3-MoE casts them)
-        weight = rnd(weight)
+        weight = rnd(weight, inplace=True)
     # Each (token, slot) output times its weight, in the weight's dtype (bf16 x bf16 rounds,
     # bf16 x fp32 does not); a token's slots summed in float32 and rounded once, as
     # transformers' grouped experts and vLLM's fused MoE (moe_sum) do.
@@ -226,10 +226,10 @@ def _moe(w: Weights, s: Spec, i: int, h: np.ndarray, rnd):
         tok, slot = np.nonzero(top == e)
         gate_w, up_w, down_w = w.expert(i, int(e))
         xs = h[tok]
-        inner = rnd(ops.act(s.act, ops.linear(xs, gate_w, None, rnd), rnd) * ops.linear(xs, up_w, None, rnd))
+        inner = rnd(ops.act(s.act, ops.linear(xs, gate_w, None, rnd), rnd) * ops.linear(xs, up_w, None, rnd), inplace=True)
         y = ops.linear(inner, down_w, None, rnd) * weight[tok, slot][:, None]
-        slots[tok, slot] = y if s.family == "mixtral" else rnd(y)
-    out = rnd(slots.sum(axis=1))
+        slots[tok, slot] = y if s.family == "mixtral" else rnd(y, inplace=True)
+    out = rnd(slots.sum(axis=1), inplace=True)
     yield Output(f"{m}.experts", out)
     yield Output(m, out)
     return out

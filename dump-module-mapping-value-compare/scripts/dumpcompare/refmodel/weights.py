@@ -132,13 +132,13 @@ class Weights:
             fn = self.inject.get("model.embed_tokens.weight")
         if fn:
             w = self.rnd(np.asarray(fn(self._load(stored)), dtype=np.float32))
-            return self.rnd(x @ w.T)
+            return self.rnd(x @ w.T, inplace=True)
         rows = self.ckpt.tensors[stored].shape[0]
         out = np.empty((x.shape[0], rows), dtype=np.float32)
         for start in range(0, rows, HEAD_BLOCK):
             w = self._round(self._load(stored, slice(start, start + HEAD_BLOCK)), stored, False)
             out[:, start:start + w.shape[0]] = x @ w.T
-        return self.rnd(out)
+        return self.rnd(out, inplace=True)
 
     def expert(self, layer: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gate, up, down weights of expert ``e``: per-expert tensors (Qwen3-MoE names, Mixtral's
