@@ -125,7 +125,8 @@ def test_mixtral_moe_block_pairs_by_name(tmp_path):
     code, _, report = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path)
     assert code == 0 and report["verdict"] == "no_credible_divergence"
     doc = json.loads((tmp_path / "output_2_mapping.json").read_text(encoding="utf-8"))
-    assert doc["summary"]["pairs_by_alignment"] == {"names": 22}
+    # 21: vLLM's MixtralModel is never dumped (@support_torch_compile), so transformers' model is one-sided
+    assert doc["summary"]["pairs_by_alignment"] == {"names": 21}
     blocks = {(p["train_modules"][0], p["rollout_modules"][0]): (p["role"], p["aligned_by"])
               for p in doc["pairs"] if p["role"] in ("mlp", "router", "experts")}
     for layer in (0, 1):

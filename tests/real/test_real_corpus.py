@@ -26,8 +26,11 @@ CASES = sorted(p.parent.name for p in CORPUS.glob("*/case.json")
 # qwen3.py, gemma2.py, phi3.py; layers/linear.py, layernorm.py, activation.py,
 # rotary_embedding.py, vocab_parallel_embedding.py, logits_processor.py; attention/layer.py).
 # "N" stands for any layer index. lm_head (ParallelLMHead) is never called, so never dumped.
+# As real vLLM 0.32 dumps them (tests/data/real_vllm/): the ``model`` module (LlamaModel, ...) is
+# never dumped (@support_torch_compile calls its forward without nn.Module's hooks); the one shared
+# rotary module appears only as model.layers.0.self_attn.rotary_emb; the MoE router is a GateLinear
+# and the experts a MoERunner (layers/fused_moe/router/gate_linear.py, runner/moe_runner.py).
 _LLAMA = {
-    "model": "LlamaModel",
     "model.embed_tokens": "VocabParallelEmbedding",
     "model.layers.N": "LlamaDecoderLayer",
     "model.layers.N.input_layernorm": "RMSNorm",
@@ -66,25 +69,40 @@ _QWEN3_MOE = {**{p: c for p, c in _renamed(_QWEN3, Qwen3Model="Qwen3MoeModel",
                                             Qwen3DecoderLayer="Qwen3MoeDecoderLayer",
                                             Qwen3Attention="Qwen3MoeAttention").items()
                  if not p.startswith("model.layers.N.mlp")},
-              "model.layers.N.mlp": "Qwen3MoeSparseMoeBlock", "model.layers.N.mlp.gate": "ReplicatedLinear",
-              "model.layers.N.mlp.experts": "FusedMoE"}
+              "model.layers.N.mlp": "Qwen3MoeSparseMoeBlock", "model.layers.N.mlp.gate": "GateLinear",
+              "model.layers.N.mlp.experts": "MoERunner"}
 # mixtral.py: the MoE block keeps the checkpoint's old name block_sparse_moe (transformers 5.x: mlp)
 _MIXTRAL = {**{p: c for p, c in _renamed(_LLAMA, LlamaModel="MixtralModel", LlamaDecoderLayer="MixtralDecoderLayer",
                                           LlamaAttention="MixtralAttention").items()
                if not p.startswith("model.layers.N.mlp")},
             "model.layers.N.block_sparse_moe": "MixtralMoE",
-            "model.layers.N.block_sparse_moe.gate": "ReplicatedLinear",
-            "model.layers.N.block_sparse_moe.experts": "FusedMoE"}
+            "model.layers.N.block_sparse_moe.gate": "GateLinear",
+            "model.layers.N.block_sparse_moe.experts": "MoERunner"}
 # vLLM maps MistralForCausalLM to llama.py's LlamaForCausalLM; Phi3ForCausalLM subclasses it.
 VLLM_TREES = {"llama": _LLAMA, "mistral": _LLAMA, "phi3": _LLAMA, "qwen2": _QWEN2, "qwen3": _QWEN3,
               "gemma2": _GEMMA2, "qwen3_moe": _QWEN3_MOE, "mixtral": _MIXTRAL}
 # SGLang 0.4.10 (python/sglang/srt/models/llama.py, qwen3.py; srt/layers/radix_attention.py): the
-# same names as vLLM except the attention kernel module.
-SGLANG_TREES = {f: _renamed(t, Attention="RadixAttention") for f, t in VLLM_TREES.items()
-                if f in ("llama", "qwen2", "qwen3")}
+# same names as vLLM except the attention kernel module; its model module is dumped
+# (sglang_like keeps the older tree: not checked against a real SGLang dump).
+_MODEL_CLASS = {"llama": "LlamaModel", "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
+SGLANG_TREES = {f: {"model": _MODEL_CLASS[f], **_renamed(t, Attention="RadixAttention")}
+                for f, t in VLLM_TREES.items() if f in ("llama", "qwen2", "qwen3")}
 
 # case -> what the pipeline says today instead of the expected answer (one line each).
 XFAIL = {
+    # Since the corpus follows vLLM 0.32's MoE tree (MoERunner without parameters, router_logits = the
+    # hidden states; tools/real_dumps/README.md), a stale expert weight is not visible and the
+    # rollout's routing is not replayed:
+    "mixtral_tp1_fp32_stale_experts": "in_module_impl_difference (origin_in_module, side undetermined) at "
+                                      "layers.1 experts, not parameter_or_checkpoint_issue: parameter_status unknown",
+    "qwen3_moe_tp2_fp32_stale_experts": "in_module_impl_difference (origin_in_module, side undetermined) at "
+                                        "layers.1 experts, not parameter_or_checkpoint_issue: parameter_status unknown",
+    "qwen3_moe_ep2_bf16_stale_expert_rollout": "inconclusive, first divergence L1.k (layers.1 qkv_proj, "
+                                               "propagated): layer 0's experts output moves within bf16 tolerance",
+    "qwen3_moe_tensor_bf16_clean": "inconclusive, first divergence L1.experts_out (propagated): the routing replay "
+                                   "that set the bf16 expert differences aside has no rollout side",
+    "qwen3_moe_tensor_bf16_flip_clean": "root_cause_found, in_module_impl_difference at layers.0 experts "
+                                        "(origin_in_module): the routing flip is not recognised without the replay",
 }
 
 _KEY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z0-9_]+)\.forward\.\d+$")
@@ -135,7 +153,8 @@ TP_CASES = [n for n in CASES if _case(n)["rollout"]["tp"] > 1 and _case(n)["fami
 def test_tp_ranks_hold_vllms_shards(name):
     """Each rank's parameters are its shard as vLLM cuts them: vocabulary padded to a multiple of
     64 and split in rows, q heads split and the one KV head replicated, gate/up split per part,
-    down_proj split in columns; the logits reach rank 0 only (vLLM) or every rank (SGLang)."""
+    down_proj split in columns; the logits reach every rank (vLLM 0.32 all-gathers them, as SGLang
+    does)."""
     case = _case(name)
     cfg = json.loads((CORPUS / "_models" / case["family"] / "config.json").read_text(encoding="utf-8"))
     tp, hidden, inter = case["rollout"]["tp"], cfg["hidden_size"], cfg["intermediate_size"]
@@ -152,19 +171,18 @@ def test_tp_ranks_hold_vllms_shards(name):
         assert shape("model.layers.0.mlp.gate_up_proj") == [2 * inter // tp, hidden]
         assert shape("model.layers.0.mlp.down_proj") == [hidden, inter // tp]
         logits = _entry(data, "logits_processor")["output"][0]
-        if rank == 0 or case["rollout"]["engine"] == "sglang_like":
-            assert logits is not None
-        else:
-            assert logits is None, "vLLM gathers the logits to rank 0 only"
+        assert logits is not None, rank
+        if case["rollout"]["engine"] != "sglang_like":  # SGLang returns a LogitsProcessorOutput
+            assert logits["shape"][-1] == cfg["vocab_size"], rank
 
 
 MOE_TP_CASES = [n for n in CASES if _case(n)["rollout"]["tp"] > 1 and _case(n)["family"] == "qwen3_moe"]
 
 
 @pytest.mark.parametrize("name", MOE_TP_CASES)
-def test_only_deferred_reduces_leave_partial_sums(name):
-    """RowParallelLinear reduces inside its forward (o_proj equal on every rank); FusedMoE built
-    with reduce_results=False returns each rank's partial sum, reduced by the block after it."""
+def test_reduces_are_inside_the_modules(name):
+    """RowParallelLinear reduces inside its forward (o_proj equal on every rank); so does vLLM
+    0.32's MoERunner (the experts' output is the full sum on every rank, the block adds nothing)."""
     ranks = _rank_dumps(name)
     stat = lambda rank, path: {k: _entry(ranks[rank], path)["output"][0][k]  # noqa: E731
                                for k in ("Max", "Min", "Mean", "Norm")}
@@ -172,7 +190,7 @@ def test_only_deferred_reduces_leave_partial_sums(name):
         prefix = f"model.layers.{layer}"
         assert stat(0, f"{prefix}.self_attn.o_proj") == stat(1, f"{prefix}.self_attn.o_proj")
         assert stat(0, f"{prefix}.mlp") == stat(1, f"{prefix}.mlp")
-        assert stat(0, f"{prefix}.mlp.experts")["Norm"] != stat(1, f"{prefix}.mlp.experts")["Norm"]
+        assert stat(0, f"{prefix}.mlp.experts") == stat(1, f"{prefix}.mlp.experts")
 
 
 @pytest.fixture(scope="session")

@@ -28,14 +28,25 @@ PARAMETER_FAULTS = {
     "qwen3_tp1_fp32_stale_k_norm": ("L1.k_norm.weight", "statistics"),
     "gemma2_tp1_fp32_stale_pre_ff_norm": ("L0.pre_ff_norm.weight",
                                           "statistics"),
-    # stacked experts: vLLM's merged TP=2 w2_weight, transformers 5.x gate_up_proj, against the
-    # checkpoint's per-expert tensors
-    "qwen3_moe_tp2_fp32_stale_experts": ("L1.experts.down.weight", "statistics"),
+    # stacked experts: transformers 5.x gate_up_proj against the checkpoint's per-expert tensors.
+    # (qwen3_moe_tp2_fp32_stale_experts, a stale rollout w2_weight, left this table when the corpus
+    # followed vLLM 0.32: the MoERunner's expert weights are in no dump entry, so nothing can show it.)
     "qwen3_moe_tensor_stale_expert_train": ("L0.experts.gate_up.weight", "tensor"),
+}
+# What the pipeline says instead (strict; the lead removes a line when a fix lands).
+KNOWN_WRONG = {
+    "qwen3_moe_tensor_stale_expert_train": "no reference record for L0.experts.gate_up.weight at all (KeyError): "
+    "since the rollout's MoERunner dumps no expert weights (vLLM 0.32), the train side's visible stacked "
+    "experts are not held to the checkpoint either",
 }
 
 
-@pytest.mark.parametrize("name", sorted(PARAMETER_FAULTS))
+def _params(names):
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[n])) if n in KNOWN_WRONG else n
+            for n in names]
+
+
+@pytest.mark.parametrize("name", _params(sorted(PARAMETER_FAULTS)))
 def test_the_faulty_side_and_only_it_differs_from_the_checkpoint(name, tmp_path):
     point, how = PARAMETER_FAULTS[name]
     bad = case(name)["fault"]["side"]

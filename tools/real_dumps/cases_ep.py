@@ -2,8 +2,9 @@
 
 The rollout runs TP=2 attention with the MoE layers expert-parallel over the same two ranks
 (vLLM's EP group is the TP group when data parallelism is 1): each rank holds whole experts
-(``FusedMoE`` ``w13_weight`` [E/2, 2I, H]), routes every token and computes only its own experts,
-so each rank's ``experts`` output is a partial sum that the MoE block all-reduces. The train side
+(the ``MoERunner``'s never-called ``routed_experts``, ``w13_weight`` [E/2, 2I, H], in no dump
+entry), routes every token and computes only its own experts; the runner all-reduces the partial
+sums, so every rank's ``experts`` output is the full one (vLLM 0.32). The train side
 is transformers' Qwen3-MoE on one process. tools/make_real_dumps.py finds this module (``--list``,
 ``--only NAME``).
 

@@ -1,8 +1,8 @@
 """Qwen3-MoE in tensor mode: routing replay and stacked experts against the checkpoint.
 
 transformers 5.x Qwen3-MoE (router module returning logits, top-k weights and ids; stacked
-``experts``) against the vLLM-shaped rollout (``mlp.gate`` logits, ``FusedMoE`` choosing the top-k
-itself), both dumped as tensors so that routing can be replayed from each side's logits.
+``experts``) against the vLLM-shaped rollout (``mlp.gate`` GateLinear logits, computed inside the
+``MoERunner`` at ``mlp.experts``, which chooses the top-k itself), both dumped as tensors so that routing can be replayed from each side's logits.
 tools/make_real_dumps.py finds this module (``--list`` shows the cases, ``--only NAME`` makes one).
 
 Public API:
@@ -10,7 +10,7 @@ Public API:
     CASES                   name -> MoeCase, in generation order
     make_case(case, root) -> dict   as make_real_dumps.make_case (same sides, same case.json)
 
-Faults: ``routing`` flips ``norm_topk_prob`` on one side (vLLM's FusedMoE ``renormalize``, the
+Faults: ``routing`` flips ``norm_topk_prob`` on one side (vLLM's MoE ``renormalize``, the
 transformers router's ``norm_topk_prob``), a ``stale_weight`` on a stacked experts tensor.
 case.json is derived from the fault and the measurement as in cases.py.
 """

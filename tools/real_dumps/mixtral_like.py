@@ -1,9 +1,11 @@
 """vLLM's Mixtral tree on top of vllm_like.py's Llama classes (TP=1).
 
 vLLM (model_executor/models/mixtral.py) keeps Mixtral's MoE block under the checkpoint's old name
-``block_sparse_moe`` (transformers 5.x calls it ``mlp``): ``gate`` is a ReplicatedLinear giving the
-router logits, ``experts`` a FusedMoE (softmax top-k, always renormalised, ``w13_weight`` [E, 2I, H]
-= [w1 (gate); w3 (up)] per expert, ``w2_weight`` [E, H, I]) that reduces its own result.
+``block_sparse_moe`` (transformers 5.x calls it ``mlp``): ``gate`` is a GateLinear giving the
+router logits (v0.32), ``experts`` a MoERunner (v0.32: what FusedMoEFactory returns) called with
+them, whose never-called ``routed_experts`` FusedMoE holds the weights (softmax top-k, always
+renormalised, ``w13_weight`` [E, 2I, H] = [w1 (gate); w3 (up)] per expert, ``w2_weight`` [E, H, I]);
+the runner reduces its own result.
 Attention, norms, embedding and logits are Llama's.
 
 Public API:
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .vllm_like import (FusedMoE, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, ReplicatedLinear,
+from .vllm_like import (FusedMoE, GateLinear, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, MoERunner,
                         first_norm)
 
 
@@ -25,17 +27,19 @@ class MixtralAttention(LlamaAttention):
 
 
 class MixtralMoE(nn.Module):
-    """mixtral.py MixtralMoE: gate -> experts (FusedMoE, renormalize, reduce_results)."""
+    """mixtral.py (v0.32) MixtralMoE: gate (GateLinear, called by the block) -> experts
+    (MoERunner without a gate, ``experts(hidden_states, router_logits)`` positionally, the real
+    router logits; renormalize; expert weights in its never-called ``routed_experts``)."""
 
     def __init__(self, cfg, opts):
         super().__init__()
-        self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_local_experts, False, opts["dtype"])
-        self.experts = FusedMoE(cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size,
-                                cfg.intermediate_size, True, True, opts["dtype"])
+        self.gate = GateLinear(cfg.hidden_size, cfg.num_local_experts, False, opts["dtype"])
+        self.experts = MoERunner(FusedMoE(cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                                          cfg.intermediate_size, False, True, opts["dtype"]))
 
     def forward(self, hidden_states):
         router_logits, _ = self.gate(hidden_states)
-        return self.experts(hidden_states=hidden_states, router_logits=router_logits)
+        return self.experts(hidden_states, router_logits)
 
 
 class MixtralDecoderLayer(LlamaDecoderLayer):
@@ -66,8 +70,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     def _rename(self, name):
         for theirs, ours in ((".mlp.gate.", ".block_sparse_moe.gate."),
-                             (".mlp.experts.gate_up_proj", ".block_sparse_moe.experts.w13_weight"),
-                             (".mlp.experts.down_proj", ".block_sparse_moe.experts.w2_weight")):
+                             (".mlp.experts.gate_up_proj", ".block_sparse_moe.experts.routed_experts.w13_weight"),
+                             (".mlp.experts.down_proj", ".block_sparse_moe.experts.routed_experts.w2_weight")):
             name = name.replace(theirs, ours)
         return name
 

@@ -121,6 +121,7 @@ def _sglang_model(base, layer_cls):
             hidden_states, _ = self.norm(hidden_states, residual)
             return hidden_states
     Model.layer_cls = layer_cls
+    Model.hooked = True  # SGLang calls its model as a plain module (vllm_like's bypass is vLLM's)
     return _as(Model, base, "model(input_ids, positions, forward_batch).")
 
 
@@ -153,7 +154,10 @@ FAMILIES["mistral"] = FAMILIES["llama"]
 
 
 def build(hf_config, dtype=torch.float32, family="llama", **options) -> nn.Module:
-    opts = {"dtype": dtype, "eps": options.pop("norm_eps", None) or hf_config.rms_norm_eps, **options}
+    # one rotary module per layer, int64 ids, the model module hooked: what these cases were made
+    # with; vllm_like's later changes follow real vLLM and are not verified against SGLang
+    opts = {"dtype": dtype, "eps": options.pop("norm_eps", None) or hf_config.rms_norm_eps,
+            "share_rope": False, **options}
     return FAMILIES[family](hf_config, opts)
 
 

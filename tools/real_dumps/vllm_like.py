@@ -3,19 +3,26 @@
 Each class is named, nested and called as vLLM names, nests and calls it, so that msprobe's L0 dump
 of it carries vLLM's module paths, class names, argument lists and tensor shapes (tokens flattened
 to ``[num_tokens, hidden]``, linear layers returning ``(output, bias)``).  The code is our own;
-the behaviour follows vLLM 0.10.1 (file named in each class).  Kernels are the PyTorch-native
-paths, except where a class documents a ``kernel`` switch.
+the behaviour follows vLLM 0.10.1 (file named in each class), brought in line with what real
+vLLM 0.32 dumps show (``tests/data/real_vllm/``, see README.md "Where real vLLM differs"): one
+rotary module shared by every layer (``get_rope``'s cache), the ``model`` module never dumped
+(``@support_torch_compile``'s ``__call__``), int32 input ids, logits all-gathered to every TP rank,
+the MoE router a ``GateLinear`` and the experts a ``MoERunner`` (expert weights in its
+``routed_experts``, a module never called).  Linear weights stay visible: the empty ``[0]``
+weights of real vLLM dumps are oneDNN prepacking on vLLM's CPU build only.  Kernels are the
+PyTorch-native paths, except where a class documents a ``kernel`` switch.
 
 Public API:
     build(hf_config, dtype=torch.float32, family="llama", **options) -> LlamaForCausalLM (or the
         family's subclass) for this process's TP rank; options: rms_kernel ("native"|"fused"),
         lm_head_dtype, act_override, extra_act_layer, norm_eps (override the config's eps),
-        renormalize (override the config's norm_topk_prob in FusedMoE), expert_parallel (FusedMoE
-        holds whole experts per rank, vLLM's --enable-expert-parallel).
+        renormalize (override the config's norm_topk_prob in the MoE), expert_parallel (the MoE
+        holds whole experts per rank, vLLM's --enable-expert-parallel), share_rope (default True:
+        one RotaryEmbedding per rope setting for all layers, as vLLM's get_rope caches it).
     model.load_weights(hf_state_dict)          fuse q/k/v and gate/up, slice this rank's shard,
                                                pad the vocabulary (as vLLM's load_weights does)
     model(input_ids, positions) -> hidden      one engine forward (1-D token ids and positions)
-    model.compute_logits(hidden) -> logits     on rank 0 (None elsewhere); pass sampled rows only
+    model.compute_logits(hidden) -> logits     on every rank; pass sampled rows only
     model.reset_cache()                        empty every layer's KV cache (a new sequence)
     generate(model, prompt_ids, new_tokens, step_scope=None) -> list[int]
         prefill then one engine forward per decoded token (greedy); ``step_scope(i)`` wraps
@@ -63,6 +70,11 @@ class ReplicatedLinear(nn.Module):
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias), None
+
+
+class GateLinear(ReplicatedLinear):
+    """vllm/model_executor/layers/fused_moe/router/gate_linear.py (v0.32) GateLinear: the MoE
+    router, a ReplicatedLinear (special GEMM tiers on recent GPUs, F.linear otherwise)."""
 
 
 class ColumnParallelLinear(nn.Module):
@@ -198,8 +210,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 class LogitsProcessor(nn.Module):
     """vllm/model_executor/layers/logits_processor.py (v0.10.1) LogitsProcessor: hidden states of the
-    sampled positions only (the model runner selects them) times the head shard, gathered to rank 0
-    (tensor_model_parallel_gather: other ranks get None), padding columns cut, soft cap and scale."""
+    sampled positions only (the model runner selects them) times the head shard, all-gathered to
+    every rank (vLLM 0.32: ``current_platform.use_all_gather()`` is True on every platform, so
+    ``tensor_model_parallel_all_gather``; real dump ``llama_tp2_clean_stats_onestep`` rank1 holds
+    the full logits), padding columns cut, soft cap and scale."""
 
     def __init__(self, vocab_size, org_vocab_size=None, scale=1.0, soft_cap=None):
         super().__init__()
@@ -211,9 +225,7 @@ class LogitsProcessor(nn.Module):
     def forward(self, lm_head, hidden_states, sampling_metadata=None, embedding_bias=None):
         # a head kept in another dtype than the model computes the logits in the head's dtype
         logits = F.linear(hidden_states.to(lm_head.weight.dtype), lm_head.weight)
-        logits = dist.gather_last_dim(logits)
-        if logits is None:
-            return None
+        logits = dist.all_gather_last_dim(logits)
         logits = logits[..., :self.org_vocab_size]
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
@@ -315,6 +327,22 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
 
+def get_rope(opts, head_size, max_position, base, dtype):
+    """rotary_embedding/__init__.py get_rope: one RotaryEmbedding per rope setting, cached, so every
+    layer with the same setting holds the same module object; msprobe registers it once, under
+    its first path (``model.layers.0.self_attn.rotary_emb``), and numbers its calls across layers
+    (call index = forward call x layers + layer).  The cache lives in this build's ``opts``
+    (vLLM's is per process) so that two models built in one process never share hooks.
+    ``share_rope=False`` gives each layer its own (the older belief, kept for sglang_like)."""
+    if not opts.get("share_rope", True):
+        return RotaryEmbedding(head_size, max_position, base, dtype)
+    cache = opts.setdefault("_rope_cache", {})
+    key = (head_size, max_position, float(base), dtype)
+    if key not in cache:
+        cache[key] = RotaryEmbedding(head_size, max_position, base, dtype)
+    return cache[key]
+
+
 class Attention(nn.Module):
     """vllm/attention/layer.py (v0.10.1) Attention: ``attn(q, k, v) -> [num_tokens, heads*head]``.
     Keeps this sequence's K/V (the paged cache reduced to one contiguous sequence); the new tokens
@@ -410,7 +438,7 @@ class LlamaAttention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size,
                                         getattr(cfg, "attention_bias", False) and not bias, dtype)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, cfg.max_position_embeddings, _rope_theta(cfg), dtype)
+        self.rotary_emb = get_rope(opts, self.head_dim, cfg.max_position_embeddings, _rope_theta(cfg), dtype)
         self.attn = Attention(self.num_heads, self.head_dim, self._scale(cfg), self.num_kv_heads,
                               self._sliding_window(cfg, layer_idx), self._soft_cap(cfg))
 
@@ -464,8 +492,24 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states, residual
 
 
-class LlamaModel(nn.Module):
-    """llama.py (v0.10.1) LlamaModel: embed_tokens -> layers -> norm(hidden, residual)."""
+class CompiledModule(nn.Module):
+    """vllm/compilation/decorators.py (v0.32) ``@support_torch_compile``: the decorated class's
+    ``__call__`` is replaced by one that calls ``self.forward`` directly (eager mode included), so
+    ``nn.Module``'s hooks, msprobe's among them, never run for it: no ``Module.model.LlamaModel``
+    entry in a real dump, and its children have parent ``null`` in construct.json.  Set
+    ``hooked = True`` on a subclass for an engine that calls it as a plain module (sglang_like)."""
+
+    hooked = False
+
+    def __call__(self, *args, **kwargs):
+        if self.hooked:
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
+
+class LlamaModel(CompiledModule):
+    """llama.py (v0.10.1) LlamaModel: embed_tokens -> layers -> norm(hidden, residual); decorated
+    with ``@support_torch_compile`` (never dumped, see CompiledModule)."""
 
     layer_cls = LlamaDecoderLayer
     norm_cls = RMSNorm
@@ -692,7 +736,9 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
 # ----------------------------------------------------------------------------- Qwen3-MoE
 class FusedMoE(nn.Module):
-    """vllm/model_executor/layers/fused_moe/layer.py (v0.10.1) FusedMoE: every expert's [gate; up]
+    """vllm/model_executor/layers/fused_moe/layer.py (v0.10.1) FusedMoE, held since v0.32 as the
+    ``routed_experts`` of a ``MoERunner`` and never called as a module (``compute``), so msprobe
+    dumps neither it nor its weights: every expert's [gate; up]
     in ``w13_weight`` [E, 2*I/tp, H] and down in ``w2_weight`` [E, H, I/tp] (TP splits the
     intermediate dim of every expert); softmax top-k routing in fp32, renormalised when asked.
     With ``reduce_results=False`` (as Qwen3-MoE builds it) the output is this rank's partial sum and
@@ -731,7 +777,7 @@ class FusedMoE(nn.Module):
         else:  # [E, H, I]
             param.data.copy_(dist.shard(loaded, 2).to(param.dtype))
 
-    def forward(self, hidden_states, router_logits):
+    def compute(self, hidden_states, router_logits):
         probs = torch.softmax(router_logits.float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -749,21 +795,42 @@ class FusedMoE(nn.Module):
         return dist.all_reduce(out) if self.reduce_results else out
 
 
+class MoERunner(nn.Module):
+    """vllm/model_executor/layers/fused_moe/runner/moe_runner.py (v0.32) MoERunner: what
+    ``FusedMoEFactory`` returns, so the model's ``experts`` attribute.  Holds the routed experts
+    (``routed_experts``, a FusedMoE never called as a module: its weights are in no dump entry)
+    and, when the model hands it over, the router (``gate``, the block's own GateLinear: one module,
+    dumped under its first path ``mlp.gate``, its parent the MoERunner in construct.json).  With a
+    gate, ``router_logits`` is ignored and recomputed from ``hidden_states`` (Qwen3-MoE passes the
+    hidden states as ``router_logits``).  The output is all-reduced over TP/EP ranks here."""
+
+    def __init__(self, routed_experts, gate=None):
+        super().__init__()
+        self.routed_experts = routed_experts
+        self.gate = gate
+
+    def forward(self, hidden_states, router_logits):
+        if self.gate is not None:
+            router_logits, _ = self.gate(hidden_states)
+        out = self.routed_experts.compute(hidden_states, router_logits)
+        return dist.all_reduce(out)
+
+
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    """vllm/model_executor/models/qwen3_moe.py (v0.10.1) Qwen3MoeSparseMoeBlock: gate
-    (ReplicatedLinear, router logits) -> experts (FusedMoE, reduce_results=False) -> all-reduce."""
+    """vllm/model_executor/models/qwen3_moe.py (v0.32) Qwen3MoeSparseMoeBlock: gate (GateLinear)
+    handed to the experts (MoERunner), called as ``experts(hidden_states=h, router_logits=h)``;
+    the runner computes the router logits and all-reduces its output."""
 
     def __init__(self, cfg, opts):
         super().__init__()
-        self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, False, opts["dtype"])
-        self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
-                                cfg.moe_intermediate_size, False, opts.get("renormalize", cfg.norm_topk_prob),
-                                opts["dtype"], opts.get("expert_parallel", False))
+        self.gate = GateLinear(cfg.hidden_size, cfg.num_experts, False, opts["dtype"])
+        self.experts = MoERunner(FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                                          cfg.moe_intermediate_size, False,
+                                          opts.get("renormalize", cfg.norm_topk_prob), opts["dtype"],
+                                          opts.get("expert_parallel", False)), gate=self.gate)
 
     def forward(self, hidden_states):
-        router_logits, _ = self.gate(hidden_states)
-        out = self.experts(hidden_states=hidden_states, router_logits=router_logits)
-        return dist.all_reduce(out)
+        return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
 
 
 class Qwen3MoeAttention(Qwen3Attention):
@@ -792,8 +859,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     model_cls = Qwen3MoeModel
 
     def _rename(self, name):
-        return name.replace("mlp.experts.gate_up_proj", "mlp.experts.w13_weight").replace(
-            "mlp.experts.down_proj", "mlp.experts.w2_weight")
+        return name.replace("mlp.experts.gate_up_proj", "mlp.experts.routed_experts.w13_weight").replace(
+            "mlp.experts.down_proj", "mlp.experts.routed_experts.w2_weight")
 
 
 FAMILIES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM,
@@ -813,15 +880,16 @@ def generate(model, prompt_ids, new_tokens, step_scope=None) -> list[int]:
     step; ``step_scope(i)`` is a context manager wrapped around engine forward i.  Returns the
     sampled tokens (the same on every rank)."""
     model.reset_cache()
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long)
+    # the model runner's input_ids buffer is int32 (real dump: embed_tokens input torch.int32)
+    ids = torch.as_tensor(prompt_ids, dtype=torch.int32)
     positions = torch.arange(ids.shape[0])
     out = []
     for i in range(new_tokens):
         with (step_scope(i) if step_scope is not None else contextlib.nullcontext()):
             hidden = model(ids, positions)
             logits = model.compute_logits(hidden[-1:])  # the last position is the only sampled one
-        tok = dist.broadcast_int(int(logits[-1].float().argmax()) if logits is not None else 0)
+        tok = dist.broadcast_int(int(logits[-1].float().argmax()))
         out.append(tok)
-        ids = torch.tensor([tok])
+        ids = torch.tensor([tok], dtype=torch.int32)
         positions = positions[-1:] + 1
     return out
