@@ -29,9 +29,12 @@ def routing_record(ev: Evidence, train_modules: list[str], rollout_modules: list
 
 def flip_reason(rec: dict) -> str:
     """Why a pair whose routing only flipped at near-ties is set aside."""
+    werr = rec.get("weights_rel_error")
+    weights = (f"with the same weights (relative error {werr:.2g})" if werr is not None else
+               "(the weights are not in the dump: one side shows only its router's logits)")
     return (f"routing flip: {rec['flips']} of {rec['tokens']} tokens chose another top-{rec['top_k']} set where "
-            f"the router logits are within precision of a tie; every other token routes the same with the same "
-            f"weights (relative error {rec['weights_rel_error']:.2g}), so the experts' difference is rounding")
+            f"the router logits are within precision of a tie; every other token routes the same {weights}, so "
+            f"the experts' difference is rounding")
 
 
 def routing_summary(rec: dict) -> dict:

@@ -93,7 +93,9 @@ class _Side:
 
     def __init__(self, router, experts, logits, dtype, residual):
         self.router, self.experts, self.logits, self.dtype = router, experts, logits, dtype
-        self.residual = residual            # candidate config -> relative error against the dump
+        # candidate config -> relative error against the dump; None when no dumped output depends
+        # on the routing config (only the router's logits are known: the top-k sets still are)
+        self.residual = residual
         self.observed = None                # (idx, weights) the side dumped, when it did
 
 
@@ -150,8 +152,22 @@ def _fused_experts(rec, leaves, view, act, bias):
     return _Side(None, rec, logits, dtype_key(leaves["input_kwargs.router_logits"].dtype), residual)
 
 
+def _router_logits(rec, leaves, view, experts: int | None):
+    """A router whose only output is its logits (vLLM 0.32's GateLinear, whose MoERunner holds no
+    expert weights in any dump entry): the top-k sets follow from the logits, the routing weights
+    and the config keys that shape them do not."""
+    leaf = leaves.get("output.0")
+    logits = leaf_array(view, leaf) if leaf is not None else None
+    if logits is None or logits.ndim < 2 or leaf.merge or (experts and logits.shape[-1] != experts):
+        return None
+    logits = logits.reshape(-1, logits.shape[-1])[:MAX_TOKENS].astype(np.float64)
+    return _Side(rec, None, logits, dtype_key(leaf.dtype), None)
+
+
 def _fit_records(side: _Side, base: dict, reference: dict | None, tol: float) -> tuple[dict, list[dict]]:
     """(the config the side behaves as, one record per routing key)."""
+    if side.residual is None:
+        return reference or base, []
     res = {c: side.residual(cfg) for c, cfg in _candidates(base).items()}
     best = min(res, key=res.get)
     if reference is not None and res[(reference["scoring_func"], reference["norm_topk_prob"])] <= tol:
@@ -174,12 +190,14 @@ def _tie_gap(logits: np.ndarray, own: set, other: set, tol: float) -> bool:
     return all(kth - logits[e] <= tol for e in other - own)
 
 
-def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype: str, tol: float) -> dict:
+def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype: str, tol: float,
+            weights_known: bool = True) -> dict:
     """Token-by-token comparison of two sides' routing ((idx, weights) each) over their common
     leading tokens. A token whose top-k sets differ is a flip when its logits agree within ``tol``
     (relative) and, on both sides, the experts the other side chose are within the logits'
     difference plus a few roundings of a tie; ``from_logits`` when its logits themselves differ
-    (the cause is upstream of the routing); systematic otherwise."""
+    (the cause is upstream of the routing); systematic otherwise. Without ``weights_known`` (a side
+    whose dump shows only its router's logits) the routing weights are not compared."""
     n = min(lt.shape[0], lr.shape[0], train[0].shape[0], rollout[0].shape[0])
     flips = systematic = from_logits = 0
     wt, wr = [], []
@@ -198,7 +216,7 @@ def compare(train: tuple, rollout: tuple, lt: np.ndarray, lr: np.ndarray, dtype:
             flips += 1
         else:
             systematic += 1
-    werr = rel_error(np.concatenate(wr), np.concatenate(wt)) if wt else None
+    werr = rel_error(np.concatenate(wr), np.concatenate(wt)) if wt and weights_known else None
     if systematic or (werr is not None and werr > tol):
         verdict = "systematic"
     else:
@@ -237,6 +255,8 @@ def _side_routing(found, view, config):
         side = _hf_router(*router, view, bias)
     elif experts is not None and "input_kwargs.router_logits" in experts[1]:
         side = _fused_experts(*experts, view, act, bias)
+    if side is None and router is not None and "output.2" not in router[1]:
+        side = _router_logits(*router, view, config.get("num_experts") or config.get("num_local_experts"))
     if side is not None:
         side.router, side.experts = (router or (None,))[0], (experts or (None,))[0]
     return side, bias
@@ -278,10 +298,12 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
         (st, ct, bt), (sr, cr, br) = sides["train"], sides["rollout"]
         dtype = st.dtype if ROUNDOFF.get(st.dtype, 1) >= ROUNDOFF.get(sr.dtype, 1) else sr.dtype
         tol, _ = pair_tolerances(tolerances["tensor"]["rel_l2"], st.dtype, sr.dtype)   # engine to engine
-        rec = compare(ct, cr, st.logits, sr.logits, dtype, tol)
+        known = st.residual is not None and sr.residual is not None
+        rec = compare(ct, cr, st.logits, sr.logits, dtype, tol, known)
         out.append({"side": "both", "op": "routing_compare", "layer": layer,
                     "train_module": (st.experts or st.router).path, "rollout_module": (sr.experts or sr.router).path,
                     "top_k": int(ct[0].shape[1]), **rec,
+                    # A side seen only through its router's logits shows no config key.
                     "differing_keys": [{"key": k, "train": bt[k], "rollout": br[k]}
-                                       for k in ("scoring_func", "norm_topk_prob") if bt[k] != br[k]]})
+                                       for k in ("scoring_func", "norm_topk_prob") if known and bt[k] != br[k]]})
     return out
