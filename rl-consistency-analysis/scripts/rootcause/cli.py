@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out),
                                      "argv": argv}, notes,
-                           (logprob_pairing.pair(*read), lp_paths) if read else None)
+                           (logprob_pairing.pair(*read), lp_paths) if read else None, logprobs)
         if logprobs:
             doc["logprob_triage"] = logprobs
         report.write(out, doc)

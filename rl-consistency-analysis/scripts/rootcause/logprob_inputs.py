@@ -136,6 +136,12 @@ def _build(path, fmt: str, seqs: list[tuple], *, ids_given: bool, meta: dict, no
                        meta=meta, notes=tuple(notes))
 
 
+def one_sequence(path: str, fmt: str, sid: str, token_ids, logprobs, prompt_ids, meta: dict) -> LogprobSide:
+    """One sequence's log-probs as a side (the dumped logits' per-token list of output_3 is one
+    sequence per side), so that the triage judges it like a file."""
+    return _build(path, fmt, [(sid, list(token_ids), list(logprobs), None, prompt_ids)], ids_given=True, meta=meta)
+
+
 def _meta_of(records: list[dict]) -> dict:
     """dtype / temperature / logprobs_mode as the records state them (first record that does)."""
     out = {}
