@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         if logprobs:
             doc["logprob_triage"] = logprobs
         report.write(out, doc)
-        extra = logprob_report.html_section(doc["logprob_triage"]) if "logprob_triage" in doc else ""
+        extra = logprob_tokens.html_section(doc["logprobs"]) + (
+            logprob_report.html_section(doc["logprob_triage"]) if "logprob_triage" in doc else "")
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc, extra)
         files.write_text(out / report.HTML, page)
     except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, input_checks.InputMistake,

@@ -17,6 +17,8 @@ model").
 """
 from __future__ import annotations
 
+import html
+
 import numpy as np
 
 from . import logprob_inputs, logprob_judgement, logprob_metrics
@@ -187,3 +189,18 @@ def console_line(lp: dict) -> str:
     if not dumps["tokens"]:
         parts.append(f"none from the dumps: {dumps['reason']}")
     return "log-probs: " + "; ".join(parts) + "; " + noise_words(lp["noise"])
+
+
+def html_section(lp: dict) -> str:
+    """report.html: the one noise verdict beside the log-prob chart, with the analytic bound as a note."""
+    nz = lp["noise"]
+    rows = [noise_words(nz)]
+    if nz.get("first_past_band"):
+        at = nz["first_past_band"]
+        rows.append(f"first token past the band in sequence {at['sequence']}: response token {at['response_index']}")
+    if nz.get("analytic_bound") and nz["analytic_bound"].get("max") is not None:
+        ab = nz["analytic_bound"]
+        rows.append(f"note: the analytic bound of the dumped logits is {ab['median']:.3g} (median, {ab['max']:.3g} at "
+                    f"most): {ab['note']}")
+    return ("<section id='logprob-noise'><h3>Within precision noise?</h3>"
+            + "".join(f"<p>{html.escape(r)}</p>" for r in rows) + "</section>\n")
