@@ -21,11 +21,12 @@ import html
 
 import numpy as np
 
-from . import logprob_inputs, logprob_judgement, logprob_metrics
+from . import logprob_consistency, logprob_inputs, logprob_judgement, logprob_metrics
 from .logprob_pairing import Paired
 
 # 2.0: dumps.first_position_past_clean_level removed (the analytic bound judged noise a second way);
-# dumps.analytic_bound and noise (the one verdict) added.
+# dumps.dtypes, dumps.temperature, dumps.analytic_bound, noise (the one verdict) and consistency (the
+# files against the dumps) added.
 SCHEMA_VERSION = "2.0"
 # The importance-ratio bounds of the rollout_is_ratio_fraction_* metrics (the triage's default).
 RATIO_BOUNDS = (0.5, 2.0)
@@ -73,7 +74,7 @@ def from_dumps(compare: dict, results: dict, mode: str | None) -> dict:
         return {"source": "dumped_logits", "tokens": None, "reason_code": code, "reason": reason}
     p = _one_sequence([t["token_id"] for t in tokens], [t["train"] for t in tokens], [t["rollout"] for t in tokens])
     return {"source": "dumped_logits", "cid": lv.get("cid"), "point": lv.get("point"),
-            "prompt_tokens": lv.get("prompt_tokens"), "dtypes": lv.get("dtypes"),
+            "prompt_tokens": lv.get("prompt_tokens"), "dtypes": lv.get("dtypes"), "temperature": lv.get("temperature"),
             "analytic_bound": {"median": lv.get("clean_level_median"), "max": lv.get("clean_level_max"),
                                "note": ANALYTIC_NOTE},
             "tokens": tokens, "metrics": _metrics(p)}
@@ -147,8 +148,10 @@ def section(compare: dict, results: dict, mode: str | None, paired: Paired | Non
     """output_5 ``logprobs``: both sources, each with its tokens and metrics or the reason it has none,
     and ``noise``, the one verdict on them (``triage``: the files' log-prob triage document)."""
     dumps, files = from_dumps(compare, results, mode), from_files(paired, paths)
+    meta = {side: (triage or {}).get("inputs", {}).get(side, {}) for side in ("rollout", "train")}
     return {"schema_version": SCHEMA_VERSION, "log_softmax": LOG_SOFTMAX, "dumps": dumps, "files": files,
-            "noise": noise(dumps, files, triage)}
+            "noise": noise(dumps, files, triage),
+            "consistency": logprob_consistency.check(dumps, paired, meta, dumps.get("temperature"))}
 
 
 def _numbers(src: dict) -> str:

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from . import answer, commands, explain, logprob_tokens, sides, triage
+from . import answer, commands, explain, logprob_consistency, logprob_tokens, sides, triage
 from .files import json_safe, write_text
 from .evidence import Evidence
 from .triage import Triage
@@ -161,6 +161,8 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
         lines.append(logits)
     if doc.get("logprobs"):
         lines.append(logprob_tokens.console_line(doc["logprobs"]))
+        if doc["logprobs"]["consistency"]["verdict"] != "not_checked":
+            lines.append(logprob_consistency.console_line(doc["logprobs"]["consistency"]))
     rf = doc.get("reference_forward") or {}
     if rf:
         lines.append("reference forward: " + _forward_line(rf))
