@@ -12,7 +12,7 @@ file differ from the raw log-softmax of the logits by construction is tested, pe
 The compare step lists each dumped token's raw log-prob and, with ``--logprob-temperature T`` (the
 root-cause run passes the files' stated temperature), its log-prob at T (output_3
 ``logprob.tokens``). A side fits an explanation when its file is within MATCH_TOL of it on every
-dumped token. references/logprob_triage.md ("Files against dumps") gives the rule.
+dumped token. references/output_schemas.md ("The files against the dumps") gives the rule.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from . import logprob_inputs, logprob_metrics, logprob_noise, logprob_pairing, l
 from .logprob_noise import ALLOWED_PAST, NoiseBand
 from .logprob_pairing import Paired
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"   # 1.1: uniform_offset evidence gains tokens_past_band, tokens, chance_under_noise_at_most
 MIN_TOKENS = 20
 _WORST = 5
 CONFIG_CMD = 'python3 "<skill_root>/scripts/make_dump_config.py" --out config.json --dump-path <dump dir>'
