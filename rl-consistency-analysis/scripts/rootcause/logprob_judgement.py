@@ -82,7 +82,8 @@ def _charts(p: Paired, v: logprob_patterns.View, worst: list[dict]) -> dict:
                        "band_limit": v.limit[sl].round(6).tolist()})
     d = v.delta[v.finite]
     edges = np.linspace(-2.0, 2.0, 41)                       # log ratio, clipped into the outer bins
-    counts = np.histogram(np.clip(d, -2.0, 2.0), bins=edges)[0] if d.size else np.zeros(40, int)
+    # bins and range, not the edges: numpy's equal-width path bins by arithmetic instead of sorting
+    counts = np.histogram(np.clip(d, -2.0, 2.0), bins=40, range=(-2.0, 2.0))[0] if d.size else np.zeros(40, int)
     return {"worst_sequences": series, "log_ratio_histogram": {"edges": edges.round(3).tolist(),
                                                                "counts": counts.tolist()}}
 

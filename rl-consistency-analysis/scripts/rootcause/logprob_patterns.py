@@ -75,8 +75,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
         x, y = x[::step], y[::step]
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
-    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """argsort(argsort(x)) with one sort: the inverse of the sorting permutation."""
+    order = np.argsort(x)
+    ranks = np.empty(x.size, np.int64)
+    ranks[order] = np.arange(x.size)
+    return ranks
 
 
 def _r(x, n=4):
@@ -225,7 +232,7 @@ def grows_with_position(v: View, exclude: set) -> Pattern | None:
     if pos.size < _MIN_TOKENS or np.ptp(pos) < 6:
         return None
     rho = spearman(pos.astype(float), ad)
-    lo, hi = np.quantile(pos, [1 / 3, 2 / 3])
+    lo, hi = logprob_metrics.quantiles(pos, (1 / 3, 2 / 3))
     early, late = float(ad[pos <= lo].mean()), float(ad[pos >= hi].mean())
     late_past = float(v.past[f][pos >= hi].mean())
     if rho is None or rho < max(0.25, 3 / np.sqrt(pos.size)) or late < 1.5 * max(early, 1e-12) \
