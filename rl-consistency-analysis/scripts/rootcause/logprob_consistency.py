@@ -54,7 +54,7 @@ def _expected(side: str, meta: dict) -> str:
     return _AT_T
 
 
-def _match(dumped: list[dict], paired: Paired) -> tuple[int, np.ndarray] | None:
+def _match(dumped: list[dict], paired: Paired) -> tuple[int, int] | None:
     """(paired sequence, index of its first token in the dumped list) whose response ids are the
     dumped tokens' last ids (all of them when the dump lists the response only)."""
     ids = np.array([t["token_id"] for t in dumped], np.int64)
