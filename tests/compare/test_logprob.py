@@ -110,3 +110,17 @@ def test_real_msprobe_dumps_reproduce_torch_logprobs(tmp_path):
     past_max_level = sum(d > lp["clean_level_max"] for d in expected["abs_diff"])
     assert lp["positions_past_clean_level"] >= past_max_level >= 1
     assert lp["first_position_past_clean_level"] is not None
+
+
+def test_tokens_at_a_temperature_are_the_log_softmax_of_logits_over_it():
+    rng = np.random.default_rng(1)
+    t, ids = rng.normal(0, 4, (6, 30)), rng.integers(0, 30, 6)
+    r = t + rng.normal(0, 0.1, t.shape)
+    lp = LogProbs(ids, 1e-4, 1e-5, prompt_tokens=2, temperature=0.7)
+    lp.add(t, r, 0)
+    res = lp.result()
+    toks = res["tokens"]
+    assert res["temperature"] == 0.7 and [x["position"] for x in toks] == [1, 2, 3, 4]
+    assert np.allclose([x["train_at_temperature"] for x in toks], _reference_logprobs(t / 0.7, ids)[1:5])
+    assert np.allclose([x["rollout_at_temperature"] for x in toks], _reference_logprobs(r / 0.7, ids)[1:5])
+    assert np.allclose([x["train"] for x in toks], _reference_logprobs(t, ids)[1:5])

@@ -13,8 +13,8 @@ def test_small_json_outputs_are_indented_and_exact(tmp_path):
     doc = {"name": '=HYPERLINK("x")\u202e', "value": 1.5, "bad": float("nan"), "list": [1, 2]}
     outputs.write_json(tmp_path / "a.json", doc)
     text = (tmp_path / "a.json").read_text(encoding="utf-8")
-    assert text.startswith('{\n "schema_version": "2.0",\n "name": ')
-    assert json.loads(text) == {"schema_version": "2.0", **doc, "bad": "NaN"}
+    assert text.startswith('{\n "schema_version": "2.1",\n "name": ')
+    assert json.loads(text) == {"schema_version": "2.1", **doc, "bad": "NaN"}
 
 
 def test_json_outputs_above_the_threshold_stay_compact(tmp_path, monkeypatch):

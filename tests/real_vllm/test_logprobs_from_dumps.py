@@ -127,3 +127,17 @@ def test_every_run_prints_one_log_prob_line_or_why_there_is_none(runs, kind):
         assert output_5["logprobs"]["files"]["tokens"] is None
     if kind == "statistics":
         assert line.endswith("pass --rollout-logprobs/--train-logprobs or dump in tensor mode")
+
+
+@pytest.mark.parametrize("case", TENSOR_CASES)
+def test_without_files_the_dumped_tokens_get_the_one_noise_verdict(runs, case):
+    """One noise model: the dumped tokens are judged against the measured band (the analytic
+    clean level is carried as a note); three tokens decide only when their count rules noise out."""
+    stdout, output_3, output_5 = runs[case]
+    noise = output_5["logprobs"]["noise"]
+    fault = json.loads((CORPUS / case / "case.json").read_text(encoding="utf-8")).get("fault")
+    assert noise["source"] == "dumped_logits" and noise["precision"] == "fp32" and noise["tokens"] == 3
+    assert noise["verdict"] == ("likely_bug" if fault else "undetermined"), noise["reason"]
+    assert noise["analytic_bound"]["median"] == output_3["logprob"]["clean_level_median"]
+    line = _log_prob_lines(stdout)[0]
+    assert "judged on the dumped logits" in line and "rounding" not in line

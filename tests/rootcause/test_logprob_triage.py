@@ -360,3 +360,57 @@ def test_any_json_is_read_or_refused_with_one_line(tmp_path_factory, records):
         assert "\n" not in str(exc) and str(f) in str(exc)
     else:
         assert side.token_ids.size == side.logprobs.size == side.offsets[-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# few tokens (references/logprob_triage.md, "Few tokens"): the real-vLLM corpus's log-prob files hold
+# six response tokens per case (three for the tensor cases); case.json says whether a fault was injected.
+
+REAL = REPO / "tests" / "data" / "real_vllm"
+REAL_CASES = sorted(p.name for p in REAL.iterdir() if (p / "rollout_logprobs.jsonl").is_file())
+
+
+def _real(case: str) -> tuple[dict, dict]:
+    want = json.loads((REAL / case / "case.json").read_text())
+    doc = logprob_cli.triage([str(REAL / case / "rollout_logprobs.jsonl")], [str(REAL / case / "train_logprobs.jsonl")],
+                             (0.5, 2.0))
+    return want, doc
+
+
+def test_chance_bound_covers_the_exact_binomial_tail():
+    from math import comb
+    from rootcause import logprob_patterns
+    for n in (2, 3, 6, 20, 144):
+        for k in range(n + 1):
+            exact = sum(comb(n, j) * 0.02 ** j * 0.98 ** (n - j) for j in range(k, n + 1))
+            assert logprob_patterns.chance_under_noise(k, n) >= exact * (1 - 1e-9)
+    assert logprob_patterns.chance_under_noise(6, 6) < 1e-10
+    assert logprob_patterns.chance_under_noise(1, 6) > logprob_patterns.NOISE_ALPHA
+
+
+@pytest.mark.parametrize("case", REAL_CASES)
+def test_few_tokens_are_never_called_noise_and_a_clean_case_never_a_bug(case):
+    want, doc = _real(case)
+    assert doc["verdict"] != "precision_noise"              # under 20 tokens: never an all-clear
+    if want.get("fault") is None:
+        assert doc["verdict"] == "undetermined", doc["reason"]
+
+
+def test_six_tokens_all_far_past_the_band_are_a_likely_bug_not_too_few():
+    """The weak spot: a stale o_proj (fp32) moves all six tokens hundreds of times past the band."""
+    want, doc = _real("llama_stale_o_proj_stats_onestep")
+    assert want["fault"]["kind"] == "stale_weight"
+    assert doc["verdict"] == "likely_bug" and doc["patterns"][0]["name"] == "uniform_offset"
+    ev = doc["patterns"][0]["evidence"]
+    assert ev["tokens_past_band"] == ev["tokens"] == 6 and ev["chance_under_noise_at_most"] < 1e-10
+    assert ev["median_abs_diff_over_band_limit"] > 100
+
+
+def test_faults_with_most_tokens_past_the_band_are_likely_bugs_and_one_in_six_is_not():
+    faults = [c for c in REAL_CASES if _real(c)[0].get("fault")]
+    verdicts = {c: _real(c)[1] for c in faults}
+    bugs = [c for c, d in verdicts.items() if d["verdict"] == "likely_bug"]
+    assert len(bugs) >= len(faults) - 1, sorted(set(faults) - set(bugs))
+    # the bf16 stale down_proj moves one of six tokens past the bf16 band: as likely under noise as not
+    d = verdicts["llama_bf16_stale_down_proj_stats_onestep"]
+    assert d["verdict"] == "undetermined" and d["metrics"]["noise_signature"]["fraction_past_band"] == pytest.approx(1 / 6, abs=1e-3)

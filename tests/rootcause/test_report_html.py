@@ -117,7 +117,12 @@ def test_tensor_report_logprob_view_and_heatmap(tensor_case):
     assert len(diff.get("points").split()) == lp["positions"]
     marks = [g.find("s:text", NS).text for g in chart.findall(".//s:g[@class='mark position']", NS)]
     assert f"response starts ({PREFILL})" in marks
-    assert f"first position past clean level ({lp['first_position_past_clean_level']})" in marks
+    # one noise verdict: the chart marks no "past the clean level" (the analytic bound is a note); the
+    # band's verdict on the dumped tokens stands beside it
+    assert not any("clean level" in m for m in marks)
+    noise = doc["logprobs"]["noise"]
+    assert noise["source"] == "dumped_logits" and noise["verdict"] == "likely_bug"
+    assert "Within precision noise?" in (out / "report.html").read_text(encoding="utf-8")
     heat = charts["heatmap"]
     rows = [t.text for t in heat.findall("s:text", NS) if t.text.endswith(("resid_out", "logits"))]
     assert rows[:4] == ["L0.resid_out", "L1.resid_out", "L2.resid_out", "L3.resid_out"]

@@ -45,6 +45,13 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _temperature(text: str) -> float:
+    t = float(text)
+    if not 0 < t < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return t
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Argument parser of run_compare.py (the root-cause skill declares the same options for its
     pass-through; a test there keeps the two in step)."""
@@ -85,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: on with --model when the model family is supported)")
     ap.add_argument("--token-ids", help="the token ids the engines ran, as a JSON list such as [1, 2, 3] or a "
                     "file holding one (default: recovered from the dump where it can be)")
+    ap.add_argument("--logprob-temperature", type=_temperature, metavar="T",
+                    help="tensor mode: also give each token's log-prob at temperature T (log-softmax of logits / T, "
+                         "as RL trainers and vLLM's processed_logprobs compute it) in output_3 logprob.tokens")
     ap.add_argument("--plan", help="an output_2_mapping.json saved by an earlier run: execute that mapping plan on "
                     "these dumps instead of naming and mapping them again (its module keys must be in the dumps)")
     ap.add_argument("--statistics-only", action="store_true", help="ignore tensor files even when present")
@@ -197,7 +207,7 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
     # with one, the reference forward over --token-ids is what verifies them.
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
                        jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=setup.given,
-                       bounds=not any(refs.values())).run(plan.comparisons)
+                       bounds=not any(refs.values()), temperature=args.logprob_temperature).run(plan.comparisons)
     if any(refs.values()):
         loaded.say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)

@@ -139,18 +139,14 @@ def _logprob_tensor(lp: dict, full: dict) -> str:
                 + " ".join(f"{x:.1f},{ax.y(num(v))}" for x, v in zip(xs, levels)) + '"/>')
     body.append('<polyline class="diff" fill="none" stroke="#1565c0" points="'
                 + " ".join(f"{x:.1f},{ax.y(num(v))}" for x, v in zip(xs, vals)) + '"/>')
+    # Every dot one colour: the dashed bound is a note, not the noise verdict (the root-cause skill
+    # judges the tokens against the measured noise band and says so beside this chart).
     for i, (x, v, c) in enumerate(zip(xs, vals, levels)):
-        past = (num(v) or 0) > (num(c) or 0)
         pos = first + i * bucket
-        body.append(f'<circle class="{"past" if past else "within"}" cx="{x:.1f}" cy="{ax.y(num(v))}" r="3" '
-                    f'fill="{"#c62828" if past else "#1565c0"}"><title>position {pos}'
-                    f'{"-" + str(pos + bucket - 1) if bucket > 1 else ""}: |diff| {fmt(v)}, clean level {fmt(c)}'
-                    f'</title></circle>')
-    marks = []
-    if lp.get("prompt_tokens"):
-        marks.append((lp["prompt_tokens"], "response starts", "#555"))
-    if lp.get("first_position_past_clean_level") is not None:
-        marks.append((lp["first_position_past_clean_level"], "first position past clean level", "#c62828"))
+        body.append(f'<circle class="token" cx="{x:.1f}" cy="{ax.y(num(v))}" r="3" fill="#1565c0"><title>position '
+                    f'{pos}{"-" + str(pos + bucket - 1) if bucket > 1 else ""}: |diff| {fmt(v)}, analytic bound '
+                    f'{fmt(c)}</title></circle>')
+    marks = [(lp["prompt_tokens"], "response starts", "#555")] if lp.get("prompt_tokens") else []
     for k, (pos, label, colour) in enumerate(marks):
         x = left + ((pos - first) / bucket + 0.5) * w / len(vals)
         body.append(f'<g class="mark position"><line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + h}" '
@@ -164,9 +160,7 @@ def _logprob_tensor(lp: dict, full: dict) -> str:
     svg = _svg(left + w + 20, top + h + 44, "chart logprob", body)
     rows = [("positions compared", lp.get("positions")), ("mean |diff|", fmt(lp.get("mean_abs_diff"))),
             ("max |diff|", f"{fmt(lp.get('max_abs_diff'))} at position {lp.get('max_at_position')}"),
-            ("clean level (median / max)", f"{fmt(lp.get('clean_level_median'))} / {fmt(lp.get('clean_level_max'))}"),
-            ("positions past the clean level", lp.get("positions_past_clean_level")),
-            ("first position past the clean level", lp.get("first_position_past_clean_level")),
+            ("analytic bound (median / max)", f"{fmt(lp.get('clean_level_median'))} / {fmt(lp.get('clean_level_max'))}"),
             ("first half / second half mean |diff|",
              f"{fmt(lp.get('first_half_mean_abs_diff'))} / {fmt(lp.get('second_half_mean_abs_diff'))}"),
             ("sum of log-prob differences (sequence)", fmt(lp.get("sequence_logprob_diff")))]
@@ -176,7 +170,9 @@ def _logprob_tensor(lp: dict, full: dict) -> str:
     else:
         rows.append(("prompt / response", "not known (the dump does not separate prefill and decode calls)"))
     return ('<p>Log-probability each side gives to the dumped next token, from its logits. The dashed line is '
-            'the clean level: the largest change logits within their dtype\'s element tolerance could cause.</p>'
+            'the analytic bound: the largest change logits within their dtype\'s element tolerance could cause, '
+            'a worst case shown as a note. Whether the differences are precision noise is judged against the '
+            'noise band measured on real engines (the root-cause skill\'s log-prob verdict).</p>'
             + _figure(svg) + _table(("", "value"), rows) + _token_table(full.get("tokens") or []))
 
 

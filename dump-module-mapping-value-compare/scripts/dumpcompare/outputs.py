@@ -16,7 +16,7 @@ from typing import Any
 from . import atomicfile
 from .safetext import csv_cell
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"   # 2.1: --logprob-temperature (output_3 logprob.temperature, tokens at T)
 # Every output file name of the two skills: the compare skill writes the first eight, the
 # root-cause skill output_5's JSON, and the agent output_5's markdown from it.
 COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "output_2_mapping.json",

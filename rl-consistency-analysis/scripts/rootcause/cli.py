@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import (credence, evidence, files, input_checks, logprob_cli, logprob_inputs, logprob_noise, logprob_pairing,
-               logprob_report, logprob_tokens, report, sibling, triage)
+from . import (credence, evidence, files, input_checks, logprob_cli, logprob_consistency, logprob_inputs, logprob_noise,
+               logprob_pairing, logprob_report, logprob_tokens, report, sibling, triage)
 
 SKILL_ROOT = sibling.SKILL_ROOT
 # The compare options are declared here again, not taken from the compare skill: this skill
@@ -16,7 +16,7 @@ SKILL_ROOT = sibling.SKILL_ROOT
 PASS_THROUGH_VALUES = ("train_step", "rollout_step", "train_rank", "rollout_rank", "train_family",
                        "rollout_family", "format", "naming", "tolerances", "jobs", "model", "train_model",
                        "rollout_model", "train_config", "rollout_config", "reference_taken_as", "token_ids",
-                       "plan")
+                       "plan", "logprob_temperature")
 PASS_THROUGH_FLAGS = ("statistics_only", "no_fold_calls", "reference_forward")
 # Flags with a --no- form whose default (None) leaves the choice to the compare step.
 _SWITCHES = ("reference_forward",)
@@ -29,6 +29,13 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
     return n
+
+
+def _temperature(text: str) -> float:
+    t = float(text)
+    if not 0 < t < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return t
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{side}-logprobs", metavar="FILE",
                         help=f"the {side}'s per-token log-probs (formats: triage_logprobs.py --help); with both, "
                              "output_5 gains logprob_triage")
+    ap.add_argument("--logprob-temperature", type=_temperature, metavar="T",
+                    help="the job's sampling temperature, for the check that the dumped logits give the log-probs "
+                         "of the files (default: the temperature the files state); passed to the compare step")
     ap.add_argument("--reuse-outputs", action="store_true",
                     help="do not rerun the compare step; read existing output_1..4 in --out-dir")
     ap.add_argument("--fail-on-finding", action="store_true",
@@ -120,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         # The log-prob files are read first too: a bad one stops the run before the compare step.
         lp_paths = (args.rollout_logprobs, args.train_logprobs) if args.rollout_logprobs else None
         read = logprob_cli.read_pair(*lp_paths) if lp_paths else None
+        if read and args.logprob_temperature is None:
+            # The compare step lists each token at the files' stated temperature, so that the check
+            # of the files against the dumps can test the temperature explanation (logprob_consistency).
+            args.logprob_temperature = logprob_consistency.stated_temperature(*read)
         logprobs = logprob_report.document([logprob_cli.judge_pair(*read, logprob_tokens.RATIO_BOUNDS)]) if read else None
         if not args.reuse_outputs:
             sibling.run(script, _compare_argv(args), progress=not args.quiet)
@@ -129,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
         doc = report.build(ev, tri, {"train": args.train, "rollout": args.rollout, "out_dir": str(out),
                                      "argv": argv}, notes,
-                           (logprob_pairing.pair(*read), lp_paths) if read else None)
+                           (logprob_pairing.pair(*read), lp_paths) if read else None, logprobs)
         if logprobs:
             doc["logprob_triage"] = logprobs
         report.write(out, doc)
-        extra = logprob_report.html_section(doc["logprob_triage"]) if "logprob_triage" in doc else ""
+        extra = logprob_tokens.html_section(doc["logprobs"]) + (
+            logprob_report.html_section(doc["logprob_triage"]) if "logprob_triage" in doc else "")
         page = sibling.load_html(SKILL_ROOT).render(ev.compare, ev.analysis, ev.sources, doc, extra)
         files.write_text(out / report.HTML, page)
     except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, input_checks.InputMistake,

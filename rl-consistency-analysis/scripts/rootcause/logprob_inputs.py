@@ -136,6 +136,12 @@ def _build(path, fmt: str, seqs: list[tuple], *, ids_given: bool, meta: dict, no
                        meta=meta, notes=tuple(notes))
 
 
+def one_sequence(path: str, fmt: str, sid: str, token_ids, logprobs, prompt_ids, meta: dict) -> LogprobSide:
+    """One sequence's log-probs as a side (the dumped logits' per-token list of output_3 is one
+    sequence per side), so that the triage judges it like a file."""
+    return _build(path, fmt, [(sid, list(token_ids), list(logprobs), None, prompt_ids)], ids_given=True, meta=meta)
+
+
 def _meta_of(records: list[dict]) -> dict:
     """dtype / temperature / logprobs_mode as the records state them (first record that does)."""
     out = {}
@@ -325,7 +331,11 @@ def _batch(path, fmt: str, arrays: dict, side: str) -> LogprobSide:
         seqs = [(i, np.asarray(toks[i]).reshape(-1).tolist(), np.asarray(lp[i], np.float64).reshape(-1).tolist(),
                  None, None) for i in range(len(lp))]
         return _build(path, fmt, seqs, ids_given=False, meta={})
-    lp = np.asarray(lp, np.float64)
+    # Kept in the file's dtype until the mask has picked the response tokens: one float64 copy of
+    # those only, not of the padded batch.
+    lp = np.asarray(lp)
+    if lp.dtype.kind != "f":
+        lp = lp.astype(np.float64)
     toks = np.asarray(arrays["responses"])
     if lp.ndim != 2 or toks.shape != lp.shape:
         _fail(path, f"{key} {lp.shape} and responses {toks.shape} must both be [B, T]")
@@ -346,19 +356,22 @@ def _batch(path, fmt: str, arrays: dict, side: str) -> LogprobSide:
         am = np.asarray(arrays["attention_mask"])[:, :pr.shape[1]] != 0 if "attention_mask" in arrays else None
         prompts = tuple(tuple(int(x) for x in (pr[b][am[b]] if am is not None else pr[b])) for b in range(pr.shape[0]))
     return LogprobSide(path=str(path), format=fmt, ids=tuple(str(i) for i in range(lp.shape[0])), ids_given=False,
-                       offsets=offsets, token_ids=toks[mask].astype(np.int64), logprobs=lp[mask],
+                       offsets=offsets, token_ids=toks[mask].astype(np.int64, copy=False),
+                       logprobs=lp[mask].astype(np.float64, copy=False),
                        prompt_ids=prompts, meta={}, notes=(f"log-probs from '{key}'",))
 
 
 def _npz(path: Path, side: str) -> LogprobSide:
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except ValueError as exc:
-        _fail(path, f".npz with object arrays cannot be read without pickle ({exc})")
+            # The archive itself, not a dict of every array: an RL batch holds many more keys
+            # (input_ids, position_ids, values, ...) than the few this side reads.
+            return _batch(path, "rl_batch_npz", z, side)
+    except ValueError as exc:       # the arrays are read inside _batch: a pickle refusal, or bad shapes
+        _fail(path, f".npz with object arrays cannot be read without pickle ({exc})" if "pickle" in str(exc)
+              else f"malformed RL batch ({exc})")
     except (OSError, EOFError) as exc:
         _fail(path, f"cannot read .npz ({exc})")
-    return _batch(path, "rl_batch_npz", arrays, side)
 
 
 def _pt(path: Path, side: str, tensor_reader) -> LogprobSide:

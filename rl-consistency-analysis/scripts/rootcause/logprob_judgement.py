@@ -15,7 +15,7 @@ from . import logprob_inputs, logprob_metrics, logprob_noise, logprob_pairing, l
 from .logprob_noise import ALLOWED_PAST, NoiseBand
 from .logprob_pairing import Paired
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"   # 1.1: uniform_offset evidence gains tokens_past_band, tokens, chance_under_noise_at_most
 MIN_TOKENS = 20
 _WORST = 5
 CONFIG_CMD = 'python3 "<skill_root>/scripts/make_dump_config.py" --out config.json --dump-path <dump dir>'
@@ -82,7 +82,8 @@ def _charts(p: Paired, v: logprob_patterns.View, worst: list[dict]) -> dict:
                        "band_limit": v.limit[sl].round(6).tolist()})
     d = v.delta[v.finite]
     edges = np.linspace(-2.0, 2.0, 41)                       # log ratio, clipped into the outer bins
-    counts = np.histogram(np.clip(d, -2.0, 2.0), bins=edges)[0] if d.size else np.zeros(40, int)
+    # bins and range, not the edges: numpy's equal-width path bins by arithmetic instead of sorting
+    counts = np.histogram(np.clip(d, -2.0, 2.0), bins=40, range=(-2.0, 2.0))[0] if d.size else np.zeros(40, int)
     return {"worst_sequences": series, "log_ratio_histogram": {"edges": edges.round(3).tolist(),
                                                                "counts": counts.tolist()}}
 

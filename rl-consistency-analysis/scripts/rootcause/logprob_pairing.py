@@ -46,9 +46,14 @@ class Paired:
         return int(self.token_ids.size)
 
     def position_in_sequence(self) -> np.ndarray:
-        """Response position (0 = first response token) of every paired token."""
-        lengths = np.diff(self.offsets)
-        return np.arange(self.tokens) - np.repeat(self.offsets[:-1], lengths)
+        """Response position (0 = first response token) of every paired token (read-only: computed
+        once, since the metrics, the patterns and the per-position view all ask for it)."""
+        pos = self.__dict__.get("_position_in_sequence")
+        if pos is None:
+            pos = np.arange(self.tokens) - np.repeat(self.offsets[:-1], np.diff(self.offsets))
+            pos.flags.writeable = False
+            object.__setattr__(self, "_position_in_sequence", pos)     # frozen: set past __setattr__
+        return pos
 
     def absolute_position(self) -> np.ndarray | None:
         """Position in prompt + response of every paired token, where the prompt lengths are known."""

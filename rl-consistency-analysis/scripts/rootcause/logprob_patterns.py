@@ -18,6 +18,9 @@ from .logprob_pairing import Paired
 NAMES = ("token_mismatch", "position_shift", "prefill_decode_jump", "from_position", "grows_with_position",
          "temperature", "logit_scale", "sequence_end_gaps", "sparse_gaps", "uniform_offset", "top1_disagreement")
 _MIN_TOKENS = 20
+# How unlikely, under precision noise, the count of tokens past the band must be before the count
+# alone says "not noise" (references/logprob_triage.md, "Few tokens").
+NOISE_ALPHA = 1e-3
 _GAP_FACTOR = 10.0          # a "gap" is this many times past the band's limit (or not finite)
 
 
@@ -72,8 +75,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
         x, y = x[::step], y[::step]
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
-    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """argsort(argsort(x)) with one sort: the inverse of the sorting permutation."""
+    order = np.argsort(x)
+    ranks = np.empty(x.size, np.int64)
+    ranks[order] = np.arange(x.size)
+    return ranks
 
 
 def _r(x, n=4):
@@ -222,7 +232,7 @@ def grows_with_position(v: View, exclude: set) -> Pattern | None:
     if pos.size < _MIN_TOKENS or np.ptp(pos) < 6:
         return None
     rho = spearman(pos.astype(float), ad)
-    lo, hi = np.quantile(pos, [1 / 3, 2 / 3])
+    lo, hi = logprob_metrics.quantiles(pos, (1 / 3, 2 / 3))
     early, late = float(ad[pos <= lo].mean()), float(ad[pos >= hi].mean())
     late_past = float(v.past[f][pos >= hi].mean())
     if rho is None or rho < max(0.25, 3 / np.sqrt(pos.size)) or late < 1.5 * max(early, 1e-12) \
@@ -339,14 +349,31 @@ def gaps(v: View, exclude: set) -> Pattern | None:
                    "Look at the listed tokens on both sides", {"examples": examples})
 
 
+def chance_under_noise(past: int, n: int, rate: float = ALLOWED_PAST) -> float:
+    """An upper bound on the chance that precision noise puts ``past`` or more of ``n`` tokens past the
+    band, when a clean pair has at most ``rate`` of them there: the Chernoff bound
+    exp(-n KL(past/n || rate)) of the binomial tail (one closed form for six tokens and for 10^6)."""
+    if n == 0 or past <= rate * n:
+        return 1.0
+    q = past / n
+    kl = q * np.log(q / rate) + ((1 - q) * np.log((1 - q) / (1 - rate)) if q < 1 else 0.0)
+    return float(np.exp(-n * kl))
+
+
 def uniform_offset(v: View, exclude: set) -> Pattern | None:
-    if exclude or v.past_rate < 0.3 or v.paired.tokens < _MIN_TOKENS:
+    """Most tokens past the band. The count of tokens decides through how unlikely that many past
+    the band is under noise, not a minimum length: six tokens all past the band are as clear as
+    thirty (below _MIN_TOKENS it fires only when the chance bound is under NOISE_ALPHA)."""
+    past = int(v.past.sum())
+    chance = chance_under_noise(past, v.paired.tokens)
+    if exclude or v.past_rate < 0.3 or chance > NOISE_ALPHA:
         return None
     ad = np.abs(np.where(v.finite, v.delta, 0.0))
     ratio = float(np.median(ad) / np.median(v.limit))
     return Pattern("uniform_offset",
-                   {"fraction_past_band": _r(v.past_rate), "median_abs_diff_over_band_limit": _r(ratio, 2),
-                    "mean_abs_diff": _r(ad.mean(), 6)},
+                   {"fraction_past_band": _r(v.past_rate), "tokens_past_band": past, "tokens": v.paired.tokens,
+                    "chance_under_noise_at_most": float(f"{chance:.3g}"),
+                    "median_abs_diff_over_band_limit": _r(ratio, 2), "mean_abs_diff": _r(ad.mean(), 6)},
                    "most tokens are off by similar amounts from the first token on: the two sides do not run the "
                    "same weights (a stale or partial weight sync, another checkpoint, a quantised weight) or the "
                    "same config. Dump both sides at module level (statistics) on one sequence and run the "

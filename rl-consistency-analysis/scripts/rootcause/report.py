@@ -9,12 +9,14 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from . import answer, commands, explain, logprob_tokens, sides, triage
+from . import answer, commands, explain, logprob_consistency, logprob_tokens, sides, triage
 from .files import json_safe, write_text
 from .evidence import Evidence
 from .triage import Triage
 
-SCHEMA_VERSION = "3.1"   # 3.0: next_checks are {check, command}; answer; confidence_text. 3.1: logprobs
+# 3.0: next_checks are {check, command}; answer; confidence_text. 3.1: logprobs. 3.2: logprobs 2.0
+# (noise, the one verdict on the log-probs; consistency of the dumps with the files).
+SCHEMA_VERSION = "3.2"
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"
@@ -45,10 +47,12 @@ def _suppressed(records: list[dict]) -> dict:
     return {**split, "counts": {k: len(v) for k, v in split.items()}}
 
 
-def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = (), logprob_files=None) -> dict:
+def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = (), logprob_files=None,
+          logprob_triage: dict | None = None) -> dict:
     """The output_5 document; ``inputs["argv"]`` is this run's command line (for the commands of the
-    next checks), ``input_notes`` the notes on the inputs (input_checks.py), which lead ``notes``, and
-    ``logprob_files`` the paired log-prob files with their paths ((Paired, (rollout, train))) or None."""
+    next checks), ``input_notes`` the notes on the inputs (input_checks.py), which lead ``notes``,
+    ``logprob_files`` the paired log-prob files with their paths ((Paired, (rollout, train))) or None,
+    and ``logprob_triage`` their triage document (which then gives the noise verdict)."""
     reach = triage.reaches_output(ev)
     argv = list(inputs.get("argv") or [])
     doc = {
@@ -68,7 +72,8 @@ def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = (), 
         "inputs": inputs,
         "sides": explain.sides(ev),
         "logits": ev.compare.get("logprob"),
-        "logprobs": logprob_tokens.section(ev.compare, ev.results, ev.mode, *(logprob_files or ())),
+        "logprobs": logprob_tokens.section(ev.compare, ev.results, ev.mode, *(logprob_files or (None, None)),
+                                           triage=logprob_triage),
         "reaches_output": reach,
         "summary": ev.mapping.get("summary"),
     }
@@ -156,6 +161,8 @@ def summary(doc: dict, out_dir: Path, visible: Callable[[str], str]) -> str:
         lines.append(logits)
     if doc.get("logprobs"):
         lines.append(logprob_tokens.console_line(doc["logprobs"]))
+        if doc["logprobs"]["consistency"]["verdict"] != "not_checked":
+            lines.append(logprob_consistency.console_line(doc["logprobs"]["consistency"]))
     rf = doc.get("reference_forward") or {}
     if rf:
         lines.append("reference forward: " + _forward_line(rf))

@@ -10,7 +10,6 @@ same one-line error (exit 2) either way.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -106,6 +105,10 @@ def run(script: Path, argv: list[str], progress: bool = False) -> None:
     With ``progress`` the compare step's progress lines (stderr, long runs only) are passed
     through as they come; its summary on stdout is not wanted here either way.
     """
+    # Imported here: the log-prob triage loads this module for its file writer and never runs the
+    # compare step, and subprocess is a fiftieth of a second of its start-up.
+    import subprocess
+
     cmd = [sys.executable, str(script), *argv] + ([] if progress else ["--quiet"])
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

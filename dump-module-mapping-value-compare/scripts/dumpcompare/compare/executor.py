@@ -138,8 +138,10 @@ class Executor:
     """Runs planned comparisons with the tolerances and tensor access of both sides."""
 
     def __init__(self, train: SideView, rollout: SideView, tolerances: dict, use_tensors: bool = True,
-                 jobs: int = 1, given_ids: list[int] | None = None, bounds: bool = True):
+                 jobs: int = 1, given_ids: list[int] | None = None, bounds: bool = True,
+                 temperature: float | None = None):
         self.t, self.r, self.tol = train, rollout, tolerances
+        self.temperature = temperature                           # --logprob-temperature
         self.use_tensors = use_tensors
         self.jobs = jobs
         self.given = given_ids                                   # --token-ids: the whole sequence
@@ -406,7 +408,7 @@ class Executor:
         res.tolerance, res.strict_tolerance = tol, strict
         own = plan.pair is None and plan.axis == "features"
         acc = T.Metrics(elt["rtol"], elt["atol"], per_token=own and plan.point.endswith(PER_TOKEN_POINTS))
-        lps = (LogProbs(self.ids[0], elt["rtol"], elt["atol"], self.ids[1])
+        lps = (LogProbs(self.ids[0], elt["rtol"], elt["atol"], self.ids[1], self.temperature)
                if own and plan.point == LOGITS_POINT and self.ids is not None else None)
         moments = (T.Moments(), T.Moments())
         nonfinite, notes, streamed = False, [], False

@@ -9,7 +9,12 @@ A position past that level cannot be explained by the dtype alone (references/to
 Each side's log-prob is the raw log-softmax of its dumped logits: an RL trainer divides the logits by
 the job's temperature before its log-softmax and vLLM returns the log-probs of its logits processor
 output (``logprobs_mode``), but both dumps hold the logits before any temperature, so the raw
-log-softmax is what compares on both sides.
+log-softmax is what compares on both sides. With ``--logprob-temperature T`` each token also gets
+its log-prob at T (log-softmax of logits / T), so that the root-cause skill can test whether the
+log-prob files a job wrote are these logits at the job's temperature.
+
+The clean level is an analytic bound published as a note; whether the differences are precision
+noise is the root-cause skill's verdict, against the noise band it measured on real engines.
 """
 from __future__ import annotations
 
@@ -29,11 +34,14 @@ def _logsumexp(z: np.ndarray) -> np.ndarray:
 class LogProbs:
     """Accumulates log-prob differences block by block over [tokens, vocab] logits rows."""
 
-    def __init__(self, ids: np.ndarray, rtol: float, atol: float, prompt_tokens: int | None):
+    def __init__(self, ids: np.ndarray, rtol: float, atol: float, prompt_tokens: int | None,
+                 temperature: float | None = None):
         self.ids, self.rtol, self.atol = ids, rtol, atol
         self.prompt_tokens = prompt_tokens
+        self.temperature = temperature
         self.pos: list[np.ndarray] = []
         self.lp: list[tuple[np.ndarray, np.ndarray]] = []
+        self.lp_at: list[tuple[np.ndarray, np.ndarray]] = []     # at self.temperature
         self.bound: list[np.ndarray] = []
         self.usable = True
 
@@ -57,6 +65,9 @@ class LogProbs:
         p = np.exp(t - lse_t[:, None])
         self.pos.append(pos)
         self.lp.append((t[rows, labels] - lse_t, r[rows, labels] - lse_r))
+        if self.temperature is not None:
+            k = 1.0 / self.temperature
+            self.lp_at.append((k * t[rows, labels] - _logsumexp(k * t), k * r[rows, labels] - _logsumexp(k * r)))
         self.bound.append(tol[rows, labels] + np.einsum("ij,ij->i", p, tol))
 
     def result(self) -> dict | None:
@@ -83,6 +94,7 @@ class LogProbs:
             "prompt_tokens": self.prompt_tokens,
             "abs_diff": compact(ad), "clean_level": compact(bound),
             "tokens": self._tokens(pos, lp_t, lp_r),
+            "temperature": self.temperature,
         }
         if self.prompt_tokens:
             prompt = pos < self.prompt_tokens
@@ -94,10 +106,17 @@ class LogProbs:
     def _tokens(self, pos: np.ndarray, lp_t: np.ndarray, lp_r: np.ndarray) -> list[dict]:
         """Per response token: the position of the logits row that scored it (the token itself sits
         at ``position + 1``), its id and both log-probs, ``delta = train - rollout`` (the log of the
-        importance ratio). Every scored position when the prompt length is unknown."""
+        importance ratio), and with a temperature both log-probs at it. Every scored position when
+        the prompt length is unknown."""
         keep = pos >= self.prompt_tokens if self.prompt_tokens else np.ones(pos.size, bool)
-        return [{"position": int(p - 1), "token_id": int(self.ids[p]), "train": float(t), "rollout": float(r),
-                 "delta": float(t - r)} for p, t, r in zip(pos[keep], lp_t[keep], lp_r[keep])]
+        out = [{"position": int(p - 1), "token_id": int(self.ids[p]), "train": float(t), "rollout": float(r),
+                "delta": float(t - r)} for p, t, r in zip(pos[keep], lp_t[keep], lp_r[keep])]
+        if self.lp_at:
+            at_t = np.concatenate([a for a, _ in self.lp_at])[keep]
+            at_r = np.concatenate([b for _, b in self.lp_at])[keep]
+            for rec, a, b in zip(out, at_t, at_r):
+                rec["train_at_temperature"], rec["rollout_at_temperature"] = float(a), float(b)
+        return out
 
 
 def token_ids(*sides: np.ndarray | None) -> np.ndarray | None:
