@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from . import vocabulary
 from .analysis import RANK_MEANINGS, ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
@@ -211,8 +212,17 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
            "rank_meanings": {str(k): v for k, v in RANK_MEANINGS.items()},
+           "vocabulary": vocabulary.published(_point_names(verdicts, results, one_sided)),
            "modules": verdicts, "one_sided": one_sided, "reference_forward": forward, "reference_fit": fit}
     return doc, _markdown_4(verdicts, first, partial, comparability)
+
+
+def _point_names(verdicts: list[ModuleVerdict], results: list[Result], one_sided: list[dict]) -> list[str]:
+    """Every point name output_3 and output_4 use (results, pair points, one-sided points)."""
+    names = [r.point for r in results]
+    names += [pv.point for v in verdicts for pvs in v.points.values() for pv in pvs]
+    names += [p["point"] for o in one_sided for pts in o["points"].values() for p in pts]
+    return names
 
 
 def _names(modules: list[str]) -> str:
