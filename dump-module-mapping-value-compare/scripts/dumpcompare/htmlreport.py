@@ -248,6 +248,8 @@ def _logits_stats(lp: dict) -> str:
 def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
     """One item per compared output point in execution order; pid -> index of its first item."""
     results = {r["cid"]: r for r in compare.get("results", [])}
+    # The statuses that agree: output_4 ``vocabulary.statuses.clean`` (none for an output_4 without it).
+    clean = ((analysis.get("vocabulary") or {}).get("statuses") or {}).get("clean") or ()
     items, seen, where = [], {}, {}
     for m in analysis.get("modules", []):
         for p in m["points"]["out"]:
@@ -263,7 +265,7 @@ def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
                           "rollout": ", ".join(m["rollout_modules"]), "status": r["status"],
                           "error": num(r.get("error")), "tol": num(r.get("tolerance")),
                           "strict": num(r.get("strict_tolerance")),
-                          "structural_clean": m["kind"] in FUSED_KINDS and r["status"] in ("match", "drift")})
+                          "structural_clean": m["kind"] in FUSED_KINDS and r["status"] in clean})
     return items, where
 
 

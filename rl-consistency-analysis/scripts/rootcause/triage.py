@@ -58,7 +58,7 @@ def _diverged_calls(ev: Evidence, m: dict) -> dict | None:
             if calls and p["status"] in ev.vocab.diverged:
                 counts = calls.get("counts", {})
                 out[p["point"]] = {"compared": calls.get("compared"), "first_diverged": calls.get("first_diverged"),
-                                   "diverged": counts.get("mismatch", 0) + counts.get("nonfinite", 0)}
+                                   "diverged": sum(counts.get(st, 0) for st in ev.vocab.diverged)}
     return out or None
 
 
@@ -649,7 +649,7 @@ def run(ev: Evidence) -> Triage:
             f["rules_fired"] = f["rules_fired"] + [rules.PROPAGATION.id]
         f["confidence"], f["confidence_notes"] = confidence(s, f)
         f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
-        f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+        f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f, ev.vocab)
         f["next_checks"] = fixes + f["next_checks"]
         if f["category"] == "upstream_propagation":
             tri.other_candidates.append(f)
@@ -782,7 +782,7 @@ def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
                       "tokens_how": tokens.get("how")}}
     f["confidence"], f["confidence_notes"] = confidence(s, f)
     f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
-    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f, ev.vocab)
     return f, entry
 
 
