@@ -100,11 +100,15 @@ def test_the_graded_statuses_follow_the_published_groups(run, tmp_path):
     assert after["precision"]["compared"] == sum(count.values()) - count["match"]
 
 
-def test_an_output_4_without_vocabulary_is_an_input_error(run, tmp_path):
-    dst = tmp_path / "none"
+@pytest.mark.parametrize("how", ["missing", "a form without parts"])
+def test_an_output_4_without_a_well_formed_vocabulary_is_an_input_error(run, tmp_path, how):
+    dst = tmp_path / "bad"
     shutil.copytree(run[0], dst)
     doc = json.loads((dst / OUT4).read_text(encoding="utf-8"))
-    del doc["vocabulary"]
+    if how == "missing":
+        del doc["vocabulary"]
+    else:
+        doc["vocabulary"]["points"]["M.logits"] = {"kind": "activation", "layer": None}
     (dst / OUT4).write_text(json.dumps(doc), encoding="utf-8")
     code, err, _doc = run_pair("unused-train", "unused-rollout", dst, "--reuse-outputs")
     assert code == 2

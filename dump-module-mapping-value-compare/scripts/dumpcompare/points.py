@@ -52,23 +52,24 @@ def without_call(point: str) -> str:
 def form(point: str) -> dict:
     """The parsed form of a point name that output_4 publishes (``vocabulary.points``), so that no
     reader parses names itself: ``kind`` (parameter or activation, by the first part), ``layer``
-    (of the first part) and per part its own ``point`` name, ``scope``, ``layer``, ``name``, ``parameter`` and ``call``."""
+    (of the first part) and per part its own ``point`` name, ``scope``, ``layer``, ``name``,
+    ``parameter`` and ``call``."""
     each = [_part(p) for p in parts(point)]
     return {"kind": "parameter" if each[0]["parameter"] else "activation", "layer": layer(point), "parts": each}
 
 
 def _part(part: str) -> dict:
     """One part: ``L3.down.weight@2`` -> scope layer, layer 3, name down, parameter weight, call 2.
-    A part outside the grammar (no ``L<n>.``/``M.`` scope) keeps its whole text as its name."""
+    A part outside the ``L<n>.``/``M.`` grammar (a pair aligned by values) has no scope; its last
+    name still says whether it is a parameter, as is_parameter_name reads it."""
     name, at, call = part.partition("@")
     if at and not call.isdigit():
         name, call = part, ""
     scope, _, rest = name.partition(".")
-    out = {"point": part, "scope": None, "layer": None, "name": name, "parameter": None,
-           "call": int(call) if call else None}
-    if not rest or not (scope == "M" or (scope.startswith("L") and scope[1:].isdigit())):
-        return out
-    head, _, last = rest.rpartition(".")
+    scoped = bool(rest) and (scope == "M" or (scope.startswith("L") and scope[1:].isdigit()))
+    body = rest if scoped else name
+    head, _, last = body.rpartition(".")
     param = last if head and last in PARAM_NAMES else None
-    return {**out, "scope": "model" if scope == "M" else "layer", "layer": None if scope == "M" else int(scope[1:]),
-            "name": head if param else rest, "parameter": param}
+    return {"point": part, "scope": ("model" if scope == "M" else "layer") if scoped else None,
+            "layer": int(scope[1:]) if scoped and scope != "M" else None, "name": head if param else body,
+            "parameter": param, "call": int(call) if call else None}

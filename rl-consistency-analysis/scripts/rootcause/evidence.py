@@ -49,7 +49,6 @@ class Vocabulary:
     re-derived (its references/output_schemas.md)."""
     clean: tuple[str, ...]          # result statuses that say the sides agree within tolerance
     diverged: tuple[str, ...]       # those that say they differ
-    bounded: tuple[str, ...]        # those only consistent with bounds: not verified, not clean
     dtype_precision: tuple[str, ...]   # floating dtypes, most precise first
     point_words: dict               # a point's name inside its scope -> words
     points: dict                    # point name -> its parsed form (kind, layer, parts)
@@ -75,15 +74,33 @@ class Vocabulary:
 
 
 def _vocabulary(path: Path, doc: dict) -> Vocabulary:
-    """The ``vocabulary`` of output_4 (2.1); a file without it is an EvidenceError."""
+    """The ``vocabulary`` of output_4 (2.1); a file without it, or with a malformed one, is an
+    EvidenceError (the triage would otherwise guess the words it means)."""
     v = doc.get("vocabulary")
-    keys = {"statuses", "dtype_precision", "point_words", "points"}
-    if not isinstance(v, dict) or not keys <= set(v) or not isinstance(v["statuses"], dict):
-        raise EvidenceError(f"{path}: no 'vocabulary' with {', '.join(sorted(keys))} (written by a compare step "
-                            "older than output_4 2.1: rerun it)")
-    st = v["statuses"]
-    return Vocabulary(tuple(st.get("clean") or ()), tuple(st.get("diverged") or ()), tuple(st.get("bounded") or ()),
-                      tuple(v["dtype_precision"]), v["point_words"], v["points"])
+    if not isinstance(v, dict) or not _VOCABULARY_KEYS <= set(v):
+        raise EvidenceError(f"{path}: no 'vocabulary' with {', '.join(sorted(_VOCABULARY_KEYS))} (written by a "
+                            "compare step older than output_4 2.1: rerun it)")
+    st, forms = v["statuses"], v["points"]
+    bad = [] if isinstance(st, dict) and all(isinstance(st.get(k), list) for k in ("clean", "diverged")) \
+        else ["statuses needs clean and diverged lists"]
+    bad += [f"{k} is not {t.__name__}" for k, t in (("dtype_precision", list), ("point_words", dict), ("points", dict))
+            if not isinstance(v[k], t)]
+    if not bad:
+        bad = [f"points[{p!r}] is not a form" for p, f in forms.items() if not _is_form(f)][:1]
+    if bad:
+        raise EvidenceError(f"{path}: vocabulary: {bad[0]}")
+    return Vocabulary(tuple(st["clean"]), tuple(st["diverged"]), tuple(v["dtype_precision"]), v["point_words"], forms)
+
+
+_VOCABULARY_KEYS = {"statuses", "dtype_precision", "point_words", "points"}
+_PART_KEYS = {"point", "scope", "layer", "name", "parameter", "call"}
+
+
+def _is_form(form) -> bool:
+    """A published point form: kind, layer and a non-empty list of parts with every key."""
+    parts = form.get("parts") if isinstance(form, dict) else None
+    return isinstance(parts, list) and bool(parts) and {"kind", "layer"} <= set(form) \
+        and all(isinstance(p, dict) and _PART_KEYS <= set(p) for p in parts)
 
 
 @dataclass

@@ -131,7 +131,7 @@ def point_meaning(point: str, vocab: Vocabulary) -> str:
 def _one(part: dict, words: dict) -> str:
     """One part of a point in words: its scope, what its name stands for, the parameter and call."""
     if part["scope"] is None:
-        return part["name"]
+        return part["point"]
     scope = f"layer {part['layer']}" if part["scope"] == "layer" else "model"
     what = words.get(part["name"], part["name"])
     if part["parameter"]:
