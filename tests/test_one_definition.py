@@ -28,11 +28,15 @@ SPELLINGS = [
      None),    # arrays.merge_rule parses it
     ("the RoPE theta candidates", r"1e4,\s*1e5", DC + "replay/kernels.py"),
     ("a point name's layer", r"head\[1:\]\.isdigit\(\)", DC + "points.py"),
+    # Issue 22 (c): output_4 ``vocabulary`` publishes these; readers take them from there.
+    ("the status groups", r"\(\s*[\"']mismatch[\"'],\s*[\"']nonfinite[\"']\s*\)|\(\s*[\"']match[\"'],\s*[\"']drift[\"']\s*\)",
+     DC + "tolerances.py"),
+    ("a dtype precision ranking", r"[\"']bfloat16[\"']\s*:\s*\d+\s*[,}]", None),
+    ("the words for point names", r"[\"']q_rot[\"']\s*:\s*[\"']", DC + "points.py"),
 ]
-# Left for the published vocabulary step (issue 22 (c)): report.html is standard library only and
-# parses point names itself; the root-cause triage reads a point's layer from its name.
-LATER = {("a point name's layer", DC + "htmlreport.py"),
-         ("a point name's layer", "rl-consistency-analysis/scripts/rootcause/triage.py")}
+# Point names in the root-cause skill: only output_4 ``vocabulary.points`` says what one is made of.
+ROOTCAUSE = REPO / "rl-consistency-analysis" / "scripts" / "rootcause"
+POINT_PARSING = r"\.split\(\s*[\"']\+[\"']\s*\)|[\"']\+[\"']\s+(not\s+)?in\b|partition\(\s*[\"']@[\"']\s*\)|\(L\(\\d\+\)\|M\)"
 
 
 def _sources():
@@ -44,7 +48,7 @@ def _sources():
 @pytest.mark.parametrize("what, pattern, owner", SPELLINGS, ids=[s[0] for s in SPELLINGS])
 def test_old_spelling_is_gone(what, pattern, owner):
     found = [f"{rel}:{text.count(chr(10), 0, m.start()) + 1}" for rel, text in _sources()
-             for m in re.finditer(pattern, text) if rel != owner and (what, rel) not in LATER]
+             for m in re.finditer(pattern, text) if rel != owner]
     assert found == [], what
 
 
@@ -52,3 +56,14 @@ def test_old_spelling_is_gone(what, pattern, owner):
 def test_the_owner_holds_it(what, pattern, owner):
     # A pattern that matches nowhere would pass the search above whatever the code does.
     assert re.search(pattern, (REPO / owner).read_text(encoding="utf-8")), what
+
+
+def test_the_root_cause_skill_parses_no_point_name():
+    found = [f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}" for path in sorted(ROOTCAUSE.glob("*.py"))
+             for text in [path.read_text(encoding="utf-8")] for m in re.finditer(POINT_PARSING, text)]
+    assert found == []
+
+
+def test_the_point_parsing_search_sees_each_form():
+    src = 'a.split("+")\nif "+" in p:\nname.partition("@")\nre.compile(r"^(L(\\d+)|M)\\.(.+)$")\n'
+    assert len(list(re.finditer(POINT_PARSING, src))) == 4

@@ -1,11 +1,12 @@
 """The side decision has one owner, rootcause/sides.py: no other module of the root-cause package
 writes a finding's ``side`` or ``side_reason`` (read from the source with ``ast``), and the side it
-reads from the reference forward's departures is the one the compare skill publishes in output_4
-``reference_forward.verdict``."""
+takes from the reference forward is the one the compare skill publishes in output_4
+``reference_forward.verdict``, read from there."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -75,18 +76,32 @@ CASES = {
 }
 
 
+def _forward_record(sides_doc: dict, verdict: dict) -> dict:
+    """The reference_forward side_evidence record sides.py builds from an output_4 whose
+    ``reference_forward`` holds ``sides_doc`` and ``verdict``, for a finding at layer 5."""
+    ev = SimpleNamespace(analysis={"reference_forward": {"ran": True, "sides": sides_doc, "verdict": verdict,
+                                                         "hypotheses": []}})
+    return sides.forward_evidence(ev, {"layer": 5})
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_forward_side_is_the_published_verdict(case):
-    """sides.py decides from the departures itself; where the compare skill's verdict names a side
-    a finding can take (train, rollout, both), the two agree, reason included."""
+    """sides.py takes the side from the compare skill's published verdict (output_4
+    ``reference_forward.verdict``); where it names a side a finding can take (train, rollout, both),
+    the two agree, reason included, and otherwise no side is drawn."""
     published = refforward.verdict({"sides": CASES[case]})
-    rec = {"kind": "reference_forward", "concerns_finding": True, "reproduced_by": {}}
-    for s in sides.SIDES:
-        sd = CASES[case][s]
-        rec[s] = {"ran": False, "reason": sd["reason"]} if not sd["ran"] else \
-            {k: sd[k] for k in ("matching", "points", "departure")}
-    side, why = sides.side_from_forward(rec)
+    side, why = sides.side_from_forward(_forward_record(CASES[case], published))
     if published["side"] in (sides.TRAIN, sides.ROLLOUT, sides.BOTH):
         assert (side, why) == (published["side"], "reference forward: " + published["reason"])
     else:
         assert (side, why) == (None, None)
+
+
+def test_forward_side_follows_an_edited_verdict():
+    """The departures alone no longer decide: an output_4 verdict that names the other side, or
+    that is withheld (a checkpoint that fits neither side), is what the root-cause step reads."""
+    departs = CASES["train departs"]
+    edited = {"side": "rollout", "reason": "an edited reason"}
+    assert sides.side_from_forward(_forward_record(departs, edited)) == ("rollout", "reference forward: an edited reason")
+    withheld = {"side": "undetermined", "reason": "the checkpoint fits neither side", "checkpoint_fits": False}
+    assert sides.side_from_forward(_forward_record(departs, withheld)) == (None, None)

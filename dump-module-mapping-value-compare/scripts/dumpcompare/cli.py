@@ -23,7 +23,7 @@ from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
 from .plan import MappingPlan
 from .naming import Namer, load_profiles
-from .outputs import COMPARE_OUTPUTS, clean, remove_stale, write_atomic, write_csv, write_json
+from .outputs import COMPARE_OUTPUTS, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
 from .tolerances import load_tolerances
 
@@ -261,7 +261,7 @@ def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
     write_csv(out / "output_2_mapping.csv", h2, r2)
     write_json(out / "output_3_value_compare.json", docs["doc3"])
     write_csv(out / "output_3_value_compare.csv", h3, r3)
-    write_json(out / "output_4_module_analysis.json", docs["doc4"])
+    write_json(out / "output_4_module_analysis.json", docs["doc4"], OUTPUT_4_SCHEMA_VERSION)
     write_atomic(out / "output_4_module_analysis.md", md4)
     write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(docs["doc3"]), clean(docs["doc4"]), docs["sources"]))
     # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.

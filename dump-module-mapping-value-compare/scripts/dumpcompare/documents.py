@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from . import vocabulary
 from .analysis import RANK_MEANINGS, ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
@@ -219,8 +220,15 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
            "rank_meanings": {str(k): v for k, v in RANK_MEANINGS.items()},
+           "vocabulary": vocabulary.published(_point_names(results, recs)),
            "modules": verdicts, "one_sided": one_sided, "reference_forward": forward, "reference_fit": fit}
     return doc, _markdown_4(verdicts, first, partial, comparability)
+
+
+def _point_names(results: list[Result], recs: dict[str, list[ModuleRecord]]) -> list[str]:
+    """Every point name the outputs use: each comparison's and each port's of either side (the
+    pairs' and one-sided modules' points of output_4 and the ports of output_1 are among them)."""
+    return [r.point for r in results] + [p.point for side in recs.values() for rec in side for p in rec.ports]
 
 
 def _names(modules: list[str]) -> str:

@@ -5,6 +5,11 @@ from its sibling folder (rootcause/sibling.py), as it does safetext.py.
 """
 from __future__ import annotations
 
+# The floating dtypes from the most precise to the least (by mantissa bits: bfloat16 keeps 8,
+# float16 11); published in output_4 ``vocabulary.dtype_precision`` so that a reader ranks sides
+# by it instead of its own list. A dtype not listed ranks below every listed one.
+PRECISION = ("float64", "float32", "float16", "bfloat16")
+
 
 def dtype_key(dtype: str | None) -> str:
     """'torch.bfloat16' -> 'bfloat16'; integer and unknown dtypes map to their own names."""

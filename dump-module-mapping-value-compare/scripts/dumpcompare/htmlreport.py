@@ -244,6 +244,8 @@ def _logits_stats(lp: dict) -> str:
 def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
     """One item per compared output point in execution order; pid -> index of its first item."""
     results = {r["cid"]: r for r in compare.get("results", [])}
+    # The statuses that agree: output_4 ``vocabulary.statuses.clean`` (none for an output_4 without it).
+    clean = ((analysis.get("vocabulary") or {}).get("statuses") or {}).get("clean") or ()
     items, seen, where = [], {}, {}
     for m in analysis.get("modules", []):
         for p in m["points"]["out"]:
@@ -259,7 +261,7 @@ def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
                           "rollout": ", ".join(m["rollout_modules"]), "status": r["status"],
                           "error": num(r.get("error")), "tol": num(r.get("tolerance")),
                           "strict": num(r.get("strict_tolerance")),
-                          "structural_clean": m["kind"] in FUSED_KINDS and r["status"] in ("match", "drift")})
+                          "structural_clean": m["kind"] in FUSED_KINDS and r["status"] in clean})
     return items, where
 
 
@@ -347,7 +349,7 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
     legend = '<p class="legend">' + " ".join(entries) + "</p>"
     return (head + "<p>Every compared module output in execution order (train side names; hover a point for "
             "both sides). Errors above the dashed line are beyond tolerance.</p>" + legend + _figure(svg)
-            + layer_section(compare))
+            + layer_section(compare, point_forms(analysis)))
 
 
 REF_LINES = (("train vs rollout", None, "#455a64", ""), ("train vs reference", "train", "#1565c0", "6,3"),
@@ -407,23 +409,33 @@ def reference_section(compare: dict, analysis: dict) -> str:
             + (f"<p>Faults simulated in the reference:</p><ul>{hyp}</ul>" if hyp else ""))
 
 
-def _group(point: str) -> tuple[int, str] | None:
-    """(layer, attention|mlp|norms) of a layer's activation point; a fused point counts by its first part."""
-    parts = point.split("+")
-    head, _, rest = parts[0].partition(".")
-    if not (head.startswith("L") and head[1:].isdigit()) or any(not p.startswith(head + ".") for p in parts):
+def point_forms(analysis: dict) -> dict:
+    """output_4 ``vocabulary.points``: the parsed form of each point name (the compare skill's
+    points.form; this file parses no names itself). Empty for an output_4 without it."""
+    return (analysis.get("vocabulary") or {}).get("points") or {}
+
+
+def _group(form: dict | None) -> tuple[int, str] | None:
+    """(layer, attention|mlp|norms) of a layer's activation point from its published form: every
+    part in the same layer, none a parameter or a later call; a fused point counts by its first part."""
+    if not form:
+        return None
+    parts = form["parts"]
+    first = parts[0]
+    if any(p["scope"] != "layer" or p["layer"] != first["layer"] or p["parameter"] or p["call"] is not None
+           for p in parts):
         return None
     for name, members in GROUPS:
-        if rest in members:
-            return int(head[1:]), name
+        if first["name"] in members:
+            return first["layer"], name
     return None
 
 
-def layer_section(compare: dict) -> str:
-    """Per layer, the worst error in attention, MLP and norm outputs."""
+def layer_section(compare: dict, forms: dict) -> str:
+    """Per layer, the worst error in attention, MLP and norm outputs (``forms``: point_forms)."""
     worst: dict[int, dict[str, tuple[float, float | None]]] = {}
     for r in compare.get("results", []):
-        g = _group(r["point"]) if r.get("pair") is None else None
+        g = _group(forms.get(r["point"])) if r.get("pair") is None else None
         e = num(r.get("error"))
         if g is None or e is None:
             continue

@@ -17,6 +17,8 @@ from . import atomicfile
 from .safetext import csv_cell
 
 SCHEMA_VERSION = "2.1"   # 2.1: --logprob-temperature (output_3 logprob.temperature, tokens at T)
+# output_4 alone: 2.2 adds ``vocabulary`` (references/output_schemas.md, "Versioning").
+OUTPUT_4_SCHEMA_VERSION = "2.2"
 # Every output file name of the two skills: the compare skill writes the first eight, the
 # root-cause skill output_5's JSON, and the agent output_5's markdown from it.
 COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "output_2_mapping.json",
@@ -92,14 +94,15 @@ def _encode(body: dict, **opts) -> str:
         return json.dumps(clean(body), ensure_ascii=False, allow_nan=False, **opts)
 
 
-def write_json(path: Path, doc: dict) -> None:
-    """Write a JSON document with ``schema_version`` first: indented when small, compact when large.
+def write_json(path: Path, doc: dict, version: str = SCHEMA_VERSION) -> None:
+    """Write a JSON document with ``schema_version`` (``version``) first: indented when small,
+    compact when large.
 
     Indentation makes a file an agent reads whole readable; above INDENT_MAX_CHARS nobody reads it
     whole, it grows by about 40% and takes 3-7x longer to encode (indentation leaves the C encoder),
     so it stays one line (measurements in references/output_schemas.md).
     """
-    body = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in doc.items() if k != "schema_version"}}
+    body = {"schema_version": version, **{k: v for k, v in doc.items() if k != "schema_version"}}
     text = _encode(body, separators=(",", ":"))
     if len(text) <= INDENT_MAX_CHARS:
         text = _encode(body, indent=1)

@@ -157,9 +157,9 @@ def summary(doc: dict | None) -> dict | None:
 
 
 def verdict(doc: dict) -> dict:
-    """Which side the reference says is at fault, and why: output_4's reading for a user of this
-    skill alone. The root-cause step decides a finding's side from the departures themselves
-    (its sides.py)."""
+    """Which side the reference says is at fault, and why (output_3/4 ``reference_forward.verdict``).
+    The one reading of the departures: the root-cause step takes a finding's side from it (its
+    sides.side_from_forward) instead of reading the departures again."""
     sides = doc.get("sides", {})
     ran = [s for s in SIDES if sides.get(s, {}).get("ran")]
     departs = [s for s in ran if sides[s]["departure"]]

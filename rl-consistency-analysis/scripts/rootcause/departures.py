@@ -40,7 +40,7 @@ class Departure:
         out = []
         for p in self.m["points"]["param"]:
             # A fused weight holding the part counts: it is the part's weight as that side holds it.
-            if part and not any(x.startswith(part + ".") for x in p["point"].split("+")):
+            if part and not any(x.startswith(part + ".") for x in self.ev.vocab.parts(p["point"])):
                 continue
             r = self.ev.results.get(p.get("cid")) or {}
             rec = (r.get("reference") or {}).get(self.side)
@@ -89,7 +89,7 @@ def _producers(ev: Evidence, side: str, point: str) -> list[str]:
                 continue
             if port.get("point") == point:
                 exact.append(row["path"])
-            elif point in (port.get("point") or "").split("+"):
+            elif point in ev.vocab.parts(port.get("point") or ""):
                 fused.append(row["path"])
     return sorted(set(_deepest(exact or fused)))
 
@@ -99,7 +99,7 @@ def _pair_of(ev: Evidence, cid: str, point: str) -> dict | None:
     by_cid = next((m for m in ev.modules if not m["is_container"]
                    and any(p.get("cid") == cid for p in m["points"]["out"])), None)
     return by_cid or next((m for m in ev.modules if not m["is_container"]
-                           and any(point in p["point"].split("+") for p in m["points"]["out"])), None)
+                           and any(point in ev.vocab.parts(p["point"]) for p in m["points"]["out"])), None)
 
 
 def _one_sided_at(ev: Evidence, side: str, point: str) -> tuple[dict, dict] | tuple[None, None]:
@@ -183,7 +183,7 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
         notes.append(f"the statistics leave {len(suspects)} parts of the fused output as suspects")
     f["confidence"], f["confidence_notes"] = credence.clamp(conf), notes
     f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
-    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f, ev.vocab)
     f["next_checks"] = fixes + f["next_checks"]
     return f
 

@@ -6,12 +6,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The result statuses of output_3/4 that say the sides agree within tolerance, those that say
-# they differ, and those only consistent with bounds, not verified (the compare skill's
-# tolerances.CLEAN / DIVERGED / BOUNDED; references/output_schemas.md).
-CLEAN = ("match", "drift")
-DIVERGED = ("mismatch", "nonfinite")
-BOUNDED = ("bounded",)
 SUPPORTED_MAJORS = ("1", "2")   # 2.0 adds optional fields only (sources steps/files, logprob, per_token)
 
 
@@ -49,6 +43,66 @@ def _read(path: Path) -> dict:
     return doc
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """output_4 ``vocabulary``: the words the compare skill owns and publishes, read instead of
+    re-derived (its references/output_schemas.md)."""
+    clean: tuple[str, ...]          # result statuses that say the sides agree within tolerance
+    diverged: tuple[str, ...]       # those that say they differ
+    dtype_precision: tuple[str, ...]   # floating dtypes, most precise first
+    point_words: dict               # a point's name inside its scope -> words
+    points: dict                    # point name -> its parsed form (kind, layer, parts)
+
+    @property
+    def graded(self) -> tuple[str, ...]:
+        """The statuses of a comparison that was graded against its tolerance (clean or diverged)."""
+        return self.clean + self.diverged
+
+    def precision(self, dtype: str | None) -> int:
+        """How precise a dtype is: higher is more precise, 0 for a dtype the order does not list."""
+        order = self.dtype_precision
+        return len(order) - order.index(dtype) if dtype in order else 0
+
+    def form(self, point: str) -> dict | None:
+        """The published form of a point name (None for a name output_4 does not list)."""
+        return self.points.get(point)
+
+    def parts(self, point: str) -> list[str]:
+        """The part names of a (possibly fused) point; the name itself when it is not published."""
+        form = self.points.get(point)
+        return [p["point"] for p in form["parts"]] if form else [point]
+
+
+def _vocabulary(path: Path, doc: dict) -> Vocabulary:
+    """The ``vocabulary`` of output_4 (2.2); a file without it, or with a malformed one, is an
+    EvidenceError (the triage would otherwise guess the words it means)."""
+    v = doc.get("vocabulary")
+    if not isinstance(v, dict) or not _VOCABULARY_KEYS <= set(v):
+        raise EvidenceError(f"{path}: no 'vocabulary' with {', '.join(sorted(_VOCABULARY_KEYS))} (written by a "
+                            "compare step older than output_4 2.1: rerun it)")
+    st, forms = v["statuses"], v["points"]
+    bad = [] if isinstance(st, dict) and all(isinstance(st.get(k), list) for k in ("clean", "diverged")) \
+        else ["statuses needs clean and diverged lists"]
+    bad += [f"{k} is not {t.__name__}" for k, t in (("dtype_precision", list), ("point_words", dict), ("points", dict))
+            if not isinstance(v[k], t)]
+    if not bad:
+        bad = [f"points[{p!r}] is not a form" for p, f in forms.items() if not _is_form(f)][:1]
+    if bad:
+        raise EvidenceError(f"{path}: vocabulary: {bad[0]}")
+    return Vocabulary(tuple(st["clean"]), tuple(st["diverged"]), tuple(v["dtype_precision"]), v["point_words"], forms)
+
+
+_VOCABULARY_KEYS = {"statuses", "dtype_precision", "point_words", "points"}
+_PART_KEYS = {"point", "scope", "layer", "name", "parameter", "call"}
+
+
+def _is_form(form) -> bool:
+    """A published point form: kind, layer and a non-empty list of parts with every key."""
+    parts = form.get("parts") if isinstance(form, dict) else None
+    return isinstance(parts, list) and bool(parts) and {"kind", "layer"} <= set(form) \
+        and all(isinstance(p, dict) and _PART_KEYS <= set(p) for p in parts)
+
+
 @dataclass
 class Evidence:
     """Everything the triage reads, indexed for lookups."""
@@ -61,6 +115,7 @@ class Evidence:
     one_sided: dict[tuple[str, str], dict] = field(default_factory=dict)   # (side, key) -> output_4 one-sided
     sources: dict = field(default_factory=dict)                # output_1 sources: what each side read
     key_rows: dict = field(default_factory=dict)               # output_1 per side: each module call and its ports
+    vocab: Vocabulary | None = None                            # output_4 vocabulary (set by load)
 
     @property
     def mode(self) -> str:
@@ -113,6 +168,7 @@ def load(out_dir: Path) -> Evidence:
     ev.pos = {m["pid"]: i for i, m in enumerate(ev.modules)}
     ev.results = {r["cid"]: r for r in ev.compare.get("results", [])}
     ev.one_sided = {(o["side"], o["key"]): o for o in ev.analysis["one_sided"]}
+    ev.vocab = _vocabulary(paths[2], ev.analysis)
     _check_references(paths[2], ev)
     return ev
 

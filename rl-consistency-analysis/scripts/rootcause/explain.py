@@ -1,5 +1,6 @@
 """What output_5 carries besides the triage: the sides, each cause's numbers, the hypotheses the
-numbers already refute, and a glossary of the point names and fields the report uses.
+numbers already refute, and a glossary of the point names and fields the report uses (its words
+for point names are the ones output_4 publishes).
 
 Everything here is read from output_1..4, so an agent can write the report from output_5 alone
 (references/report_template.md); the reasons are in references/analysis_rules.md.
@@ -11,7 +12,7 @@ import re
 from collections import Counter
 
 from . import sibling
-from .evidence import CLEAN, DIVERGED, Evidence
+from .evidence import Evidence, Vocabulary
 
 _STEP = re.compile(r"^step[_-]?(\d+)$")
 _RANK = re.compile(r"^(rank|proc)[_-]?\d+$")
@@ -67,15 +68,16 @@ def numbers(ev: Evidence, pid: str) -> dict:
             "amplification": m.get("amplification")}
 
 
-def _within(x: dict | None) -> bool:
-    return x is not None and x["status"] in CLEAN and isinstance(x.get("tolerance"), (int, float))
+def _within(x: dict | None, vocab: Vocabulary) -> bool:
+    return x is not None and x["status"] in vocab.clean and isinstance(x.get("tolerance"), (int, float))
 
 
-def refuted(f: dict, nums: dict, reaches_output: bool | None) -> list[dict]:
-    """Hypotheses the numbers alone already rule out for one finding, each with the reason."""
+def refuted(f: dict, nums: dict, reaches_output: bool | None, vocab: Vocabulary) -> list[dict]:
+    """Hypotheses the numbers alone already rule out for one finding, each with the reason
+    (``vocab``: output_4's, for which statuses agree and which differ)."""
     out = []
     inp, par, res = nums["input"], nums["parameter"], nums["output"]
-    if _within(inp):
+    if _within(inp, vocab):
         out.append({"hypothesis": "the divergence is carried in from an earlier module",
                     "because": f"its input {inp['point']} agrees (error {inp['error']:.3g} <= tolerance "
                                f"{inp['tolerance']:.3g})"})
@@ -83,11 +85,11 @@ def refuted(f: dict, nums: dict, reaches_output: bool | None) -> list[dict]:
     # parameters refute nothing when the finding is a row order under a split.
     order_blind = bool((f.get("evidence") or {}).get("split_boundary")
                        or (f.get("evidence") or {}).get("permuted_fused_rows"))
-    if _within(par) and not order_blind:
+    if _within(par, vocab) and not order_blind:
         out.append({"hypothesis": "a weight or checkpoint difference in this module",
                     "because": f"its parameters agree (worst {par['point']}: error {par['error']:.3g} <= "
                                f"tolerance {par['tolerance']:.3g})"})
-    worst = max((x for x in (par, res) if x and x["status"] in DIVERGED), key=lambda x: _key(x["error"]),
+    worst = max((x for x in (par, res) if x and x["status"] in vocab.diverged), key=lambda x: _key(x["error"]),
                 default=None)
     if worst is not None and worst["dtypes"][0] == worst["dtypes"][1] and worst.get("tolerance"):
         out.append({"hypothesis": "rounding noise of the dtype",
@@ -100,21 +102,6 @@ def refuted(f: dict, nums: dict, reaches_output: bool | None) -> list[dict]:
     return out
 
 
-_SCOPE = re.compile(r"^(L(\d+)|M)\.(.+)$")
-POINT_WORDS = {
-    "tokens": "input token ids", "positions": "position ids", "resid_in": "residual stream entering the layer",
-    "attn_norm_out": "output of the layer's input norm", "q": "query projection output",
-    "k": "key projection output", "v": "value projection output", "q_rot": "query after RoPE",
-    "k_rot": "key after RoPE", "attn_core_out": "attention kernel output (input of o_proj)",
-    "attn_out": "attention output projection (o_proj) output", "resid_mid": "residual stream after attention",
-    "mlp_norm_out": "output of the post-attention norm", "gate": "MLP gate projection output",
-    "up": "MLP up projection output", "act_gate": "act(gate)", "act_out": "act(gate) * up (input of down_proj)",
-    "mlp_out": "MLP down projection output", "resid_out": "residual stream leaving the layer",
-    "final_norm_out": "final norm output", "logits": "logits of every token", "logits_last": "logits of the last token",
-    "embed": "embedding", "o": "attention output projection", "down": "MLP down projection",
-    "input_norm": "input norm", "post_norm": "post-attention norm", "final_norm": "final norm", "lm_head": "lm_head",
-    "q_normed": "query after its per-head norm", "k_normed": "key after its per-head norm",
-}
 FIELDS = {
     "error": "statistics mode: the largest relative difference of Max/Min/Mean/Norm (scaled_error), or with one "
              "side a token more the largest scaled excess over a bound; tensor "
@@ -131,30 +118,25 @@ FIELDS = {
 }
 
 
-def point_meaning(point: str) -> str:
-    """Plain words for a point name such as ``L2.gate+L2.up`` or ``L1.down.weight``."""
-    parts = point.split("+")
-    words = [_one(p) for p in parts]
-    text = " joined with ".join(words)
+def point_meaning(point: str, vocab: Vocabulary) -> str:
+    """Plain words for a point name such as ``L2.gate+L2.up`` or ``L1.down.weight``, from its form
+    and the words of its names that output_4 publishes (``vocabulary.points``, ``point_words``)."""
+    parts = vocab.form(point)["parts"]
+    text = " joined with ".join(_one(p, vocab.point_words) for p in parts)
     if len(parts) > 1:
         text += " (a fused tensor on one side, compared with its parts concatenated in this order)"
     return text
 
 
-def _one(point: str) -> str:
-    name, _, call = point.partition("@")
-    m = _SCOPE.match(name)
-    if not m:
-        return name
-    scope = f"layer {m.group(2)}" if m.group(2) else "model"
-    rest = m.group(3)
-    param = None
-    if rest.endswith((".weight", ".bias")):
-        rest, _, param = rest.rpartition(".")
-    what = POINT_WORDS.get(rest, rest)
-    if param:
-        what = f"{param} of the {what.replace(' output', '')}"
-    return f"{scope}: {what}" + (f" (call {call})" if call else "")
+def _one(part: dict, words: dict) -> str:
+    """One part of a point in words: its scope, what its name stands for, the parameter and call."""
+    if part["scope"] is None:
+        return part["point"]
+    scope = f"layer {part['layer']}" if part["scope"] == "layer" else "model"
+    what = words.get(part["name"], part["name"])
+    if part["parameter"]:
+        what = f"{part['parameter']} of the {what.replace(' output', '')}"
+    return f"{scope}: {what}" + (f" (call {part['call']})" if part["call"] is not None else "")
 
 
 def rank_meaning(rank_meanings: dict | None) -> str:
@@ -165,9 +147,15 @@ def rank_meaning(rank_meanings: dict | None) -> str:
     return "; ".join(f"{k} {v}" for k, v in sorted(rank_meanings.items(), key=lambda kv: str(kv[0])))
 
 
-def glossary(doc: dict, rank_meanings: dict | None = None) -> dict:
-    """Every point name output_5 mentions, in words, and the fields it uses (``rank_meanings``:
-    output_4's)."""
+def _scoped(point: str, vocab: Vocabulary) -> bool:
+    """Whether output_4 publishes ``point`` inside a layer or at model level (a name to explain)."""
+    form = vocab.form(point)
+    return form is not None and form["parts"][0]["scope"] is not None
+
+
+def glossary(doc: dict, vocab: Vocabulary, rank_meanings: dict | None = None) -> dict:
+    """Every point name output_5 mentions, in words, and the fields it uses (``vocab`` and
+    ``rank_meanings``: output_4's). A point counts when output_4 publishes its form with a scope."""
     points: set[str] = set()
 
     def walk(obj, key=None):
@@ -178,8 +166,8 @@ def glossary(doc: dict, rank_meanings: dict | None = None) -> dict:
             for v in obj:
                 walk(v, key)
         elif isinstance(obj, str) and key in ("point", "differing_points", "differing_parameters") \
-                and _SCOPE.match(obj.split("+")[0].split("@")[0]):
+                and _scoped(obj, vocab):
             points.add(obj)
     walk(doc)
-    return {"points": {p: point_meaning(p) for p in sorted(points)},
+    return {"points": {p: point_meaning(p, vocab) for p in sorted(points)},
             "fields": {**FIELDS, "module_priority_rank": rank_meaning(rank_meanings)}}

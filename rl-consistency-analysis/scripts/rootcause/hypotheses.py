@@ -5,6 +5,8 @@ placeholders name the modules and parameters of the finding at hand.
 """
 from __future__ import annotations
 
+from .evidence import Vocabulary
+
 # role -> config keys worth reading on both sides
 CONFIG_KEYS = {
     "input_norm": ["rms_norm_eps", "layernorm_epsilon", "layer_norm_eps", "norm dtype / fp32 residual settings"],
@@ -31,9 +33,10 @@ def config_keys(role: str | None) -> list[str]:
     return CONFIG_KEYS.get(role or "", ["the module's configuration on both sides", "dtype / autocast settings"])
 
 
-def for_finding(f: dict) -> tuple[list[dict], list[str]]:
-    """Return (hypotheses, next_checks) for a finding dict built by the triage."""
-    hyps, checks = _for_category(f)
+def for_finding(f: dict, vocab: Vocabulary) -> tuple[list[dict], list[str]]:
+    """Return (hypotheses, next_checks) for a finding dict built by the triage (``vocab``: output_4's,
+    which names the parameter of each point)."""
+    hyps, checks = _for_category(f, vocab)
     how = f.get("evidence", {}).get("aligned_by")
     if how in ("values", "order"):
         # No naming rule paired these modules (dumpcompare/value_align.py): the pair itself is a
@@ -45,12 +48,19 @@ def for_finding(f: dict) -> tuple[list[dict], list[str]]:
     return hyps, checks
 
 
-def _for_category(f: dict) -> tuple[list[dict], list[str]]:
+def _parameter(point: str, vocab: Vocabulary) -> str:
+    """The parameter a point names (its first part's, from output_4 ``vocabulary.points``); the
+    whole name when output_4 does not name one."""
+    form = vocab.form(point)
+    return (form["parts"][0]["parameter"] if form else None) or point
+
+
+def _for_category(f: dict, vocab: Vocabulary) -> tuple[list[dict], list[str]]:
     cat, role = f["category"], f.get("role")
     t, r = _names(f.get("train_module")), _names(f.get("rollout_module"))
     keys = ", ".join(config_keys(role))
     if cat == "parameter_or_checkpoint_issue":
-        names = sorted({p.split("+")[0].rsplit(".", 1)[-1] for p in f.get("evidence", {}).get("differing_parameters", [])})
+        names = sorted({_parameter(p, vocab) for p in f.get("evidence", {}).get("differing_parameters", [])})
         params = "the " + (", ".join(names) if names else "weights")
         hyps = [
             _h(f"The weight sync or checkpoint conversion left a different tensor in {r} (rollout) or {t} (train).",

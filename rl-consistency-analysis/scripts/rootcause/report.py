@@ -32,7 +32,7 @@ def _finding(ev: Evidence, f: dict, reach: bool | None, argv: list[str]) -> dict
     with the command that runs it."""
     out = {k: f[k] for k in _KEEP if k in f}
     out["numbers"] = explain.numbers(ev, triage.own_pair(f))
-    out["refuted"] = explain.refuted(f, out["numbers"], reach)
+    out["refuted"] = explain.refuted(f, out["numbers"], reach, ev.vocab)
     out["category_text"] = answer.CATEGORY_WORDS.get(f["category"], f["category"])
     out["confidence_text"] = answer.confidence_text(f.get("confidence"), f.get("confidence_word"))
     if "next_checks" in f:
@@ -77,7 +77,7 @@ def build(ev: Evidence, tri: Triage, inputs: dict, input_notes: list[str] = (), 
         "reaches_output": reach,
         "summary": ev.mapping.get("summary"),
     }
-    doc["glossary"] = explain.glossary(doc, ev.analysis.get("rank_meanings"))
+    doc["glossary"] = explain.glossary(doc, ev.vocab, ev.analysis.get("rank_meanings"))
     doc["answer"] = answer.build(doc, argv, input_notes)
     return doc
 

@@ -2,8 +2,8 @@
 
 It reads evidence records and decides: what the dumps alone show (``Structural``, made by the
 triage's rules), the parameters held against the checkpoint, the configs each side resolved and
-the replays (output_3 ``reference``, ``replays``), and each side's departure from the reference
-forward (output_4 ``reference_forward.sides``). It writes a finding's ``side``, ``side_reason``,
+the replays (output_3 ``reference``, ``replays``), and the side the reference forward names (output_4
+``reference_forward.verdict``, the compare skill's reading of each side's departure). It writes a finding's ``side``, ``side_reason``,
 ``side_evidence`` and ``config_keys``. The side values and how each is decided, and when it
 cannot be: references/deciding_the_side.md.
 """
@@ -113,27 +113,18 @@ def forward_evidence(ev: Evidence, m: dict) -> dict | None:
 
 
 def side_from_forward(rec: dict | None) -> tuple[str | None, str | None]:
-    """(side, reason) from the sides' departures in a ``reference_forward`` record; (None, None)
-    when they do not decide: it does not concern the finding, a side did not run, neither side
-    departs, or both depart at the same point (then the checkpoint, config or tokens are probably
-    not what the engines ran)."""
+    """(side, reason) from a ``reference_forward`` record: the side the compare skill's verdict
+    names (output_4 ``reference_forward.verdict``, its refforward.verdict), when it concerns the
+    finding and names a side a finding can take (train, rollout, both); (None, None) otherwise:
+    neither side departs, a side did not run, both depart at the same point, or the checkpoint
+    fits neither side (the verdict is then withheld)."""
     if not rec or not rec.get("concerns_finding"):
         return None, None
-    # forward_evidence marks only a side that did not run (``ran: false``).
-    ran = {s: rec[s] for s in SIDES if (rec.get(s) or {}).get("ran", True)}
-    departs = [s for s in ran if ran[s].get("departure")]
-    if len(ran) < 2 or not departs:
+    verdict = rec.get("verdict") or {}
+    side = verdict.get("side")
+    if side not in (TRAIN, ROLLOUT, BOTH):
         return None, None
-    if len(departs) == 2:
-        a, b = (ran[s]["departure"]["point"] for s in SIDES)
-        if a == b:
-            return None, None
-        side, why = BOTH, f"train leaves the reference at {a}, rollout at {b}"
-    else:
-        side, other = departs[0], ROLLOUT if departs[0] == TRAIN else TRAIN
-        why = (f"{side} leaves the reference at {ran[side]['departure']['point']}; {other} matches it at all "
-               f"{ran[other]['points']} compared points")
-    why = "reference forward: " + why
+    why = "reference forward: " + verdict.get("reason", "")
     repro = (rec.get("reproduced_by") or {}).get(side) or []
     if repro:
         why += f"; simulated in the reference, {repro[0]} reproduces the {side} side"

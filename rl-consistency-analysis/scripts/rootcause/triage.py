@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from . import credence, departures, hypotheses, moe, rules, sides
-from .evidence import CLEAN, DIVERGED, Evidence
+from . import credence, departures, hypotheses, moe, rules, sibling, sides
+from .evidence import Evidence
 
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
 PRECISION_SPREAD = 0.5       # share of compared tensors with differing dtypes that means "a whole side"
@@ -55,36 +55,35 @@ def _diverged_calls(ev: Evidence, m: dict) -> dict | None:
     for io in ("in", "param", "out"):
         for p in m["points"][io]:
             calls = (ev.results.get(p.get("cid")) or {}).get("calls")
-            if calls and p["status"] in DIVERGED:
+            if calls and p["status"] in ev.vocab.diverged:
                 counts = calls.get("counts", {})
                 out[p["point"]] = {"compared": calls.get("compared"), "first_diverged": calls.get("first_diverged"),
-                                   "diverged": counts.get("mismatch", 0) + counts.get("nonfinite", 0)}
+                                   "diverged": sum(counts.get(st, 0) for st in ev.vocab.diverged)}
     return out or None
 
 
 def realigns(ev: Evidence, m: dict) -> bool:
     """Rule 5: the next aligned modules after a suspect agree again."""
     i = ev.pos[m["pid"]]
-    later = [x for x in ev.modules[i + 1:] if not x["is_container"] and x["output_status"] in CLEAN + DIVERGED]
+    later = [x for x in ev.modules[i + 1:] if not x["is_container"] and x["output_status"] in ev.vocab.graded]
     window = later[:REALIGN_WINDOW]
-    return bool(window) and all(x["output_status"] in CLEAN for x in window)
+    return bool(window) and all(x["output_status"] in ev.vocab.clean for x in window)
 
 
 def reaches_output(ev: Evidence) -> bool | None:
     """Whether the model's final output (logits or final norm) differs."""
     heads = [x for x in ev.modules if x["role"] in ("lm_head", "logits", "final_norm")
-             and x["output_status"] in CLEAN + DIVERGED]
-    return None if not heads else heads[-1]["output_status"] in DIVERGED
+             and x["output_status"] in ev.vocab.graded]
+    return None if not heads else heads[-1]["output_status"] in ev.vocab.diverged
 
 
 def _lower_precision_side(ev: Evidence, m: dict) -> str | None:
-    order = {"float64": 4, "float32": 3, "float16": 2, "bfloat16": 1}
+    """The side whose output dtype is the less precise one, by the compare skill's published order
+    (output_4 ``vocabulary.dtype_precision``); None when the outputs' dtypes rank alike."""
+    key = sibling.load_dtypes(sibling.SKILL_ROOT).dtype_key
     for r in _results(ev, m, "out"):
         if r.get("dtype_differs"):
-            def rank(side):
-                d = (r[side]["dtypes"] or [None])[0] or ""
-                return order.get(d.replace("torch.", ""), 0)
-            t, ro = rank("train"), rank("rollout")
+            t, ro = (ev.vocab.precision(key((r[side]["dtypes"] or [None])[0])) for side in ("train", "rollout"))
             if t != ro:
                 return "train" if t < ro else "rollout"
     return None
@@ -103,8 +102,9 @@ def _permuted_parts(ev: Evidence, m: dict) -> bool:
     if m["kind"] != "composite":
         return False
     outs = m["points"]["out"]
-    whole = [p for p in outs if "+" in p["point"] and p["status"] in CLEAN]
-    parts = [p for p in outs if "+" not in p["point"] and p["status"] in DIVERGED]
+    fused = {p["point"]: len(ev.vocab.parts(p["point"])) > 1 for p in outs}
+    whole = [p for p in outs if fused[p["point"]] and p["status"] in ev.vocab.clean]
+    parts = [p for p in outs if not fused[p["point"]] and p["status"] in ev.vocab.diverged]
     return bool(whole) and bool(parts)
 
 
@@ -180,7 +180,7 @@ class Suspect:
     def first_compared(self) -> bool:
         """No pair before it in execution order has an output that was compared and agrees."""
         i = self.ev.pos[self.m["pid"]]
-        return not any(x["output_status"] in CLEAN for x in self.ev.modules[:i])
+        return not any(x["output_status"] in self.ev.vocab.clean for x in self.ev.modules[:i])
 
     @property
     def parameters_unobserved(self) -> bool:
@@ -190,7 +190,7 @@ class Suspect:
     def output_error(self) -> float | None:
         """The largest relative error among the diverged outputs (rel. L2 in tensor mode)."""
         errs = [p["error"] for p in self.m["points"]["out"]
-                if p["status"] in DIVERGED and isinstance(p.get("error"), (int, float))]
+                if p["status"] in self.ev.vocab.diverged and isinstance(p.get("error"), (int, float))]
         return max(errs, default=None)
 
     @property
@@ -199,7 +199,7 @@ class Suspect:
         one another times a constant."""
         if (self.output_error or 0.0) < rules.UNCORRELATED_ERROR:
             return False
-        diverged = [r for r in _results(self.ev, self.m, "out") if r["status"] in DIVERGED]
+        diverged = [r for r in _results(self.ev, self.m, "out") if r["status"] in self.ev.vocab.diverged]
         return not any(_scaled_copy(r) for r in diverged)
 
     @cached_property
@@ -218,10 +218,10 @@ class Suspect:
         if self.prev is None or not self.inputs_diverged:
             return None
         diverged = {r["point"] for r in self.ev.compare.get("results", [])
-                    if r["status"] in DIVERGED and r.get("pair") is None}
+                    if r["status"] in self.ev.vocab.diverged and r.get("pair") is None}
         for p in self.prev["points"]["out"]:
-            parts = p["point"].split("+")
-            if len(parts) > 1 and p["status"] in CLEAN and diverged & set(parts):
+            parts = self.ev.vocab.parts(p["point"])
+            if len(parts) > 1 and p["status"] in self.ev.vocab.clean and diverged & set(parts):
                 return {"point": p["point"], "cid": p.get("cid"), "diverged_parts": sorted(diverged & set(parts))}
         return None
 
@@ -234,7 +234,7 @@ class Suspect:
     def boundary_breaks(self) -> bool:
         """A non-container suspect whose compared inputs differ right after an agreeing output."""
         m, prev = self.m, self.prev
-        return (not m["is_container"] and prev is not None and prev["output_status"] in CLEAN
+        return (not m["is_container"] and prev is not None and prev["output_status"] in self.ev.vocab.clean
                 and self.inputs_diverged and m["input_status_source"] == "compared")
 
     @property
@@ -256,11 +256,11 @@ class Suspect:
 
     @property
     def inputs_diverged(self) -> bool:
-        return self.m["input_status"] in DIVERGED
+        return self.m["input_status"] in self.ev.vocab.diverged
 
     @property
     def inputs_clean_or_none(self) -> bool:
-        return self.m["input_status"] in CLEAN + ("none",)
+        return self.m["input_status"] in self.ev.vocab.clean + ("none",)
 
     @property
     def inputs_inferred(self) -> bool:
@@ -282,7 +282,8 @@ class Suspect:
     @cached_property
     def margin(self) -> float | None:
         return max((p["margin"] for p in self.m["points"]["out"]
-                    if p.get("margin") is not None and p["status"] in DIVERGED + ("drift",)), default=None)
+                    if p.get("margin") is not None and p["status"] in self.ev.vocab.diverged + ("drift",)),
+                   default=None)
 
     @property
     def small_margin(self) -> bool:
@@ -314,8 +315,8 @@ def classify(s: Suspect) -> dict:
         "amplification": m["amplification"], "previous_aligned": _mini(s.prev),
         "aligned_by": m.get("aligned_by", "names"),
         "differing_points": [p["point"] for io in ("in", "param", "out") for p in m["points"][io]
-                             if p["status"] in DIVERGED],
-        "differing_parameters": [p["point"] for p in m["points"]["param"] if p["status"] in DIVERGED],
+                             if p["status"] in ev.vocab.diverged],
+        "differing_parameters": [p["point"] for p in m["points"]["param"] if p["status"] in ev.vocab.diverged],
         "output_error_margin": s.margin,
         "diverged_calls": _diverged_calls(ev, m),
     }
@@ -360,8 +361,8 @@ def _decide_parameters(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     ev_info["permuted_fused_rows"] = permuted
     side = _fused_side(s.m) if permuted else None
     layout = None if side or not permuted else next(
-        filter(None, (_layout_side(s.ev, p.get("cid")) for p in s.m["points"]["param"] if p["status"] in DIVERGED)),
-        None)
+        filter(None, (_layout_side(s.ev, p.get("cid")) for p in s.m["points"]["param"]
+                      if p["status"] in s.ev.vocab.diverged)), None)
     if side:
         return sides.Structural(side, f"the fused module on the {side} side holds the same values in another row "
                                       f"order; the unfused parts on the other side are consistent with each other")
@@ -577,14 +578,16 @@ def structural_records(ev: Evidence) -> list[dict]:
             reason = m["note"] or "fused module compared through the combined statistics of its parts"
             out.append({"train_module": _path_names(m["train_modules"]),
                         "rollout_module": _path_names(m["rollout_modules"]),
-                        "values": _values(m["output_status"]),
+                        "values": _values(ev, m["output_status"]),
                         "status": m["status"], "reason": f"{m['kind']}: {reason}"})
     return out
 
 
-def _values(output_status: str) -> str:
+def _values(ev: Evidence, output_status: str) -> str:
     """clean / different / not_compared: what the outputs of a structural pair showed."""
-    return "clean" if output_status in CLEAN else "different" if output_status in DIVERGED else "not_compared"
+    if output_status in ev.vocab.clean:
+        return "clean"
+    return "different" if output_status in ev.vocab.diverged else "not_compared"
 
 
 def _module_key(f: dict) -> tuple:
@@ -599,14 +602,15 @@ def _drop_reported(tri: Triage) -> None:
 
 def precision_profile(ev: Evidence) -> dict:
     """How widespread dtype differences are, and whether errors grow with depth."""
-    graded = [r for r in ev.compare.get("results", []) if r["status"] in CLEAN + DIVERGED and r.get("pair") is None]
+    graded = [r for r in ev.compare.get("results", []) if r["status"] in ev.vocab.graded and r.get("pair") is None]
     differ = [r for r in graded if r.get("dtype_differs")]
     by_layer: dict[int, list[float]] = {}
     for r in graded:
-        head = r["point"].split(".")[0]
-        if head.startswith("L") and head[1:].isdigit() and r.get("error") is not None \
-                and isinstance(r["error"], (int, float)) and ".weight" not in r["point"]:
-            by_layer.setdefault(int(head[1:]), []).append(float(r["error"]))
+        # A layer's activations only (output_4 ``vocabulary.points``): weights do not grow with depth.
+        form = ev.vocab.form(r["point"]) or {}
+        if form.get("layer") is not None and form.get("kind") == "activation" \
+                and isinstance(r.get("error"), (int, float)):
+            by_layer.setdefault(form["layer"], []).append(float(r["error"]))
     med = {k: sorted(v)[len(v) // 2] for k, v in sorted(by_layer.items())}
     layers = list(med)
     grows = len(layers) >= 2 and med[layers[-1]] >= med[layers[0]]
@@ -645,7 +649,7 @@ def run(ev: Evidence) -> Triage:
             f["rules_fired"] = f["rules_fired"] + [rules.PROPAGATION.id]
         f["confidence"], f["confidence_notes"] = confidence(s, f)
         f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
-        f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+        f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f, ev.vocab)
         f["next_checks"] = fixes + f["next_checks"]
         if f["category"] == "upstream_propagation":
             tri.other_candidates.append(f)
@@ -659,7 +663,7 @@ def run(ev: Evidence) -> Triage:
     _propagation_examples(ev, tri, found)
     share = tri.precision["dtype_differs_share"]
     precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
-    any_diverged = any(r["status"] in DIVERGED for r in ev.compare.get("results", []))
+    any_diverged = any(r["status"] in ev.vocab.diverged for r in ev.compare.get("results", []))
     moe_note = moe.precision_note(ev) if any_diverged and not found else None
     if found and not (share >= PRECISION_SPREAD and len(precision_found) == len(found)):
         tri.verdict = "root_cause_found"
@@ -756,7 +760,7 @@ def _no_activation_compared(comp: dict) -> bool:
 def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
     """Rule 3: the first dumped aligned module already receives diverged inputs, so the cause lies
     before the dumped range; the finding sits at that entry point and says what to dump next."""
-    entry = next((m for m in ev.modules if not m["is_container"] and m["input_status"] in CLEAN + DIVERGED), None)
+    entry = next((m for m in ev.modules if not m["is_container"] and m["input_status"] in ev.vocab.graded), None)
     if entry is None:
         return None
     s = Suspect(ev, entry)
@@ -772,17 +776,18 @@ def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
                                                        "dumps cannot say which side")),
          "evidence": {"pair": entry["pid"], "status": entry["status"], "input_status": entry["input_status"],
                       "parameter_status": entry["parameter_status"], "output_status": entry["output_status"],
-                      "differing_points": [p["point"] for p in entry["points"]["in"] if p["status"] in DIVERGED],
+                      "differing_points": [p["point"] for p in entry["points"]["in"]
+                                           if p["status"] in ev.vocab.diverged],
                       "before_dumped_range": True, "tokens_verified": bool(tokens.get("verified")),
                       "tokens_how": tokens.get("how")}}
     f["confidence"], f["confidence_notes"] = confidence(s, f)
     f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
-    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f)
+    f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f, ev.vocab)
     return f, entry
 
 
 def _any_drift(ev: Evidence) -> bool:
-    return any(r["status"] in ("drift",) + DIVERGED for r in ev.compare.get("results", []))
+    return any(r["status"] in ("drift",) + ev.vocab.diverged for r in ev.compare.get("results", []))
 
 
 def _ranked(found: list[dict]) -> list[dict]:
@@ -797,7 +802,7 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
     for f, m in found:
         i = ev.pos[m["pid"]]
         after = [x for x in ev.modules[i + 1:] if x["status"] == "propagated" and x["module_priority_rank"] == 3
-                 and x["input_status"] in DIVERGED and x["parameter_status"] not in DIVERGED][:2]
+                 and x["input_status"] in ev.vocab.diverged and x["parameter_status"] not in ev.vocab.diverged][:2]
         for x in after:
             tri.other_candidates.append({
                 "category": "upstream_propagation", **sides.carried(),
