@@ -42,7 +42,7 @@ class SideView:
     keys: list[str]
 
 
-@dataclass
+@dataclass(slots=True)
 class Result:
     """One executed comparison (an output_3 row)."""
     cid: str
