@@ -97,7 +97,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     for label in ("ratio statistics compare:", "ratio statistics root cause triage",
                   "ratio statistics end to end", "ratio tensor compare:",
                   "ratio tensor rootcause:", "ratio wide:", "ratio generation compare:",
-                  "ratio generation reference:"):
+                  "ratio generation reference:", "ratio many time:", "ratio many memory:"):
         line = next((ln for ln in out.splitlines() if ln.startswith(label)), None)
         assert line is not None, (label, out)
         assert re.search(r"= >?\d+\.\d\dx", line), line
@@ -106,6 +106,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     # Generated files are removed without --keep.
     assert not (work / "stats_pair").exists() and not (work / "tensor_pair").exists()
     assert not list(work.glob("wide_*")) and not (work / "generation").exists()
+    assert not (work / "many_pair").exists() and not (work / "tiny_pair").exists()
 
 
 @pytest.mark.slow
@@ -239,3 +240,22 @@ def test_gendump_writes_the_vllm_generation_shape(tmp_path):
     assert all(k.endswith(".forward.0") for k in train)
     assert json.loads(Path(g["tokens"]).read_text()) and len(json.loads(Path(g["tokens"]).read_text())) == 5
     assert (Path(g["model"]) / "model.safetensors").is_file()
+
+
+def test_manydump_calls_do_not_fold(tmp_path):
+    """tools/manydump.py: both sides valid msprobe dumps whose calls stay entries of their own (the
+    bench's many stage measures that shape), the same sequence lengths in the same calls."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import manydump
+    from dumpcompare.loaders import load_path
+
+    summary = manydump.write_pair(tmp_path, calls=3, layers=2)
+    for side in ("train", "rollout"):
+        dump = load_path(Path(summary["files"][side]))
+        assert len(dump.entries) == summary["entries"][side] > 3
+        assert {e.n_calls for e in dump.entries} == {1}
+        json.loads((Path(summary["files"][side]).parent / "construct.json").read_text())
+    # Tokens per call (HF adds a batch dimension that vLLM does not).
+    shapes = {s: [lf.shape[-2] for e in load_path(Path(summary["files"][s])).entries
+                  if "embed_tokens" in e.key for lf in e.leaves if lf.name.startswith("output")] for s in summary["files"]}
+    assert shapes["train"] == shapes["rollout"] and len(set(shapes["train"])) == 2

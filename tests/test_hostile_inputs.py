@@ -279,6 +279,25 @@ def test_engine_config_field_is_checked_as_config_json_is(tmp):
             "num_attention_heads", "at least 1")
 
 
+@pytest.mark.parametrize("field, value, tensor", [
+    ("num_attention_heads", 8, "q_proj"),          # 8 x 16 = 128 query rows; the checkpoint holds 64
+    ("num_key_value_heads", 2, "k_proj"),          # 2 x 16 = 32 key rows; the checkpoint holds 16
+    ("head_dim", 32, "q_proj"),                    # 4 x 32 = 128 query rows
+])
+def test_head_counts_that_do_not_fit_the_checkpoint_are_an_input_error(tmp, field, value, tensor):
+    model = edited_model(tmp, **{field: value})
+    err = refused(tmp, real_args(tmp, model), str(model / "config.json"), "does not fit the checkpoint",
+                  f"model.layers.0.self_attn.{tensor}.weight")
+    assert field in err
+
+
+def test_engine_config_head_counts_are_checked_against_the_checkpoint(tmp):
+    config = json.loads((MODEL / "config.json").read_text(encoding="utf-8"))
+    (tmp / "engine.json").write_text(json.dumps({**config, "num_key_value_heads": 4}), encoding="utf-8")
+    refused(tmp, [*real_args(tmp, MODEL), "--rollout-config", "engine.json"], "engine.json",
+            "num_key_value_heads/head_dim does not fit the checkpoint", "k_proj.weight has 16 rows")
+
+
 def test_config_number_too_long_to_read(tmp):
     model = edited_model(tmp)
     (model / "config.json").write_text('{"num_attention_heads": ' + "9" * 5000 + "}", encoding="utf-8")

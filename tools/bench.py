@@ -37,6 +37,13 @@ printed: ``run_compare.py`` on the decode pair without ``--model`` against ``jso
 two files (target 1.5x), and with ``--model``/``--token-ids`` against the same command on the
 single-forward pair (target 1.2x).
 
+Many modules (``many``): ``tools/manydump.py`` writes a pair of ``--many-calls`` forward calls of an
+80-layer model whose shapes alternate between calls, so that no call folds: ~1000 distinct entries
+per call per side (issue 28, item 4). Interleaved with ``json.load`` of the same two files and with
+``run_compare.py`` on a one-call, two-layer pair (the fixed cost of the interpreter and imports),
+two ratio lines: time / ``json.load`` (target 2x) and peak memory over the tiny pair's / the larger
+file (target 3x).
+
 Reference forward against transformers (``reftorch``, by name; ``make bench
 BENCH_TORCH_PY=<python with torch>``): the numpy forward of dumpcompare.refmodel on a random 1B+
 bf16 Llama (``--reftorch-mb``, default 2200 MB) over ``--reftorch-tokens`` tokens (default 1024)
@@ -89,7 +96,7 @@ COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.
 ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
 TRIAGE_LOGPROBS = ROOT / "rl-consistency-analysis" / "scripts" / "triage_logprobs.py"
 TESTS = ROOT / "tests"
-STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "wide", "generation",
+STAGES = ("json", "orjson", "compare", "triage", "rootcause", "tensor", "logprobs", "wide", "generation", "many",
           "refmodel", "reftorch")
 # Stages run when --stages is not given: the refmodel and reftorch stages write checkpoints of hundreds
 # of MB (reftorch: over 2 GB) and are asked for by name (make bench runs refmodel after the others).
@@ -711,6 +718,9 @@ def main(argv=None) -> int:
                          "interpreter's fixed start-up is not most of what is timed; 4 with --quick)")
     ap.add_argument("--gen-hidden", type=int, default=256, help="hidden size of the generation model (default 256)")
     ap.add_argument("--gen-vocab", type=int, default=1024, help="vocabulary of the generation model (default 1024)")
+    ap.add_argument("--many-calls", type=int, default=None,
+                    help="unfoldable forward calls of the many stage's 80-layer pair (default 40: ~40k modules "
+                         "per side; 4 with --quick)")
     ap.add_argument("--reftorch-mb", type=float, default=2200.0,
                     help="size of the random bf16 Llama of the reftorch stage (default 2200: 1.1B parameters)")
     ap.add_argument("--reftorch-tokens", type=int, default=1024, help="tokens of the reftorch forwards (default 1024)")
@@ -727,6 +737,7 @@ def main(argv=None) -> int:
     args.logprob_tokens = args.logprob_tokens or (100_000 if q else 1_000_000)
     args.gen_decode = args.gen_decode or (32 if q else 256)
     args.gen_layers = args.gen_layers or (4 if q else 28)
+    args.many_calls = args.many_calls or (4 if q else 40)
     try:
         args.wide_leaves = [int(x) for x in (args.wide_leaves or ("2000,10000" if q else "10000,100000,300000"))
                             .split(",") if x.strip()]
@@ -823,6 +834,8 @@ def main(argv=None) -> int:
 
         if "generation" in stages:
             run_generation(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+        if "many" in stages:
+            run_many(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
         if "refmodel" in stages:
             run_refmodel(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
@@ -1082,6 +1095,54 @@ def run_reftorch(args, work: Path, mem_limit: int, created: list, results: dict,
                            "numpy_median_s": numpy_st.median, "transformers_median_s": torch_st.median,
                            "numpy_cpu_s": numpy_st.cpu_median, "transformers_cpu_s": torch_st.cpu_median,
                            "numpy_peak_bytes": numpy_st.peak, "transformers_peak_bytes": t_peak}
+    results["ratio_lines"] = list(ratio_lines)
+
+
+def run_many(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+             ratio_lines: list, info_lines: list) -> None:
+    """Many distinct modules (tools/manydump.py): run_compare.py against json.load of the same two
+    files, its peak memory over a tiny pair's against the larger file (issue 28, item 4)."""
+    import manydump
+
+    py = args.python
+    pairs = {}
+    for name, calls, layers in (("many", args.many_calls, args.layers), ("tiny", 1, 2)):
+        folder = work / f"{name}_pair"
+        created.append(folder)
+        if folder.exists():
+            shutil.rmtree(folder)
+        log(f"many: writing the {name} pair ({calls} call(s), {layers} layers)")
+        pairs[name] = manydump.write_pair(folder, calls, layers, faults=[f"corrupt:rollout:gate:{layers // 2}"],
+                                          seed=args.seed)
+    m = pairs["many"]
+    larger = max(m["bytes"].values())
+    info_lines.append(
+        f"many pair: {m['calls']} calls that do not fold, {m['layers']} layers, {m['entries']['train']}/"
+        f"{m['entries']['rollout']} entries (train/rollout), {_mb(m['bytes']['train'])}/{_mb(m['bytes']['rollout'])} MB")
+
+    def compare(name: str) -> list[str]:
+        out = work / f"out_{name}"
+        created.append(out)
+        return [py, str(COMPARE), "--train", pairs[name]["train"], "--rollout", pairs[name]["rollout"],
+                "--out-dir", str(out), "--quiet"]
+
+    specs = [("many: json.load (both files)", [py, "-c", JSON_LOAD_ALL, *m["files"].values()]),
+             (f"many: compare, {m['entries']['train']} entries per side", compare("many")),
+             ("many: compare, tiny pair (fixed overhead)", compare("tiny"))]
+    base, big, tiny = run_interleaved(specs, args.repeat, timeout=args.stage_timeout or 1800.0, mem_limit=mem_limit)
+    for st, against, mem in ((base, None, larger), (big, base, larger), (tiny, None, None)):
+        results["stages"][st.name] = _stage_json(st)
+        rows.append(stage_row(st, against.median if against else None, mem))
+    r = _ratio_parts(big, base.median, base.cpu_median)
+    over = None if big.peak is None or tiny.peak is None else big.peak - tiny.peak
+    ratio_lines.append(
+        f"ratio many time: compare / json.load(both files) = {r['time']} (target <= 2x), cpu time ratio {r['cpu']}; "
+        f"median {_fmt_s(big.median)} s against {_fmt_s(base.median)} s{r['tag']}")
+    ratio_lines.append(
+        f"ratio many memory: (peak - tiny pair's peak) / larger file = {_fmt_ratio(_ratio(over, larger))} "
+        f"(target <= 3x); peak {r['peak_mb']} MB, tiny pair {_mb(tiny.peak or 0)} MB, larger file {_mb(larger)} MB")
+    results["many"] = {**m, "json_load_s": base.median, "compare_s": big.median, "peak_bytes": big.peak,
+                       "tiny_peak_bytes": tiny.peak}
     results["ratio_lines"] = list(ratio_lines)
 
 

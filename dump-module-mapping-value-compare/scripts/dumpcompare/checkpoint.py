@@ -168,7 +168,7 @@ def load(folder: str | Path) -> Checkpoint:
         if what != "file":
             raise InputError(f"{f}: a {what}, not a safetensors file")
         tensors.update(_header(f))
-    config = modelconfig.trust_layers(read_config(root / "config.json"), modelconfig.layers_present(tensors))
+    config = _fitted(read_config(root / "config.json"), tensors, root / "config.json")
     return Checkpoint(root, files, tensors, config)
 
 
@@ -194,7 +194,14 @@ def read_config(path: str | Path) -> dict:
 def side_config(ckpt: Checkpoint, path: str | Path) -> dict:
     """An engine config laid over ``ckpt`` (``--train-config``/``--rollout-config``), read and
     validated as config.json is, its layer count held to the layers the checkpoint's tensors hold."""
-    return modelconfig.trust_layers(read_config(path), modelconfig.layers_present(ckpt.tensors))
+    return _fitted(read_config(path), ckpt.tensors, path)
+
+
+def _fitted(config: dict, tensors: dict[str, StoredTensor], path: str | Path) -> dict:
+    """A config read from ``path`` held to what ``tensors`` tell: the layer count to the layers
+    they hold, and the head counts checked against the q/k/v shapes (modelconfig.check_heads)."""
+    modelconfig.check_heads(config, {n: t.shape for n, t in tensors.items()}, str(path))
+    return modelconfig.trust_layers(config, modelconfig.layers_present(tensors))
 
 
 def _check_readable(path: Path) -> None:

@@ -21,6 +21,8 @@ POSITIVE_FLOATS = ("rms_norm_eps", "layer_norm_eps", "layernorm_epsilon", "rope_
                    "partial_rotary_factor", "routed_scaling_factor", "query_pre_attn_scalar")
 NON_NEGATIVE_FLOATS = ("attn_logit_softcapping", "final_logit_softcapping")
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# An attention layer's stored projections: split q/k/v, or one fused qkv_proj (Phi-3).
+ATTENTION_WEIGHT = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|qkv_proj)\.weight$")
 
 
 def text_config(config: dict) -> dict:
@@ -119,6 +121,36 @@ def validate(config: dict, source: str) -> dict:
     if heads and hidden and not cfg.get("head_dim") and hidden % heads:
         raise InputError(f"{source}: num_attention_heads {heads} does not divide hidden_size {hidden} "
                          "(and no head_dim is given)")
+    return config
+
+
+def check_heads(config: dict, shapes: dict, source: str) -> dict:
+    """``config`` when its head counts and head size give the rows of the checkpoint's q/k/v
+    projections (``shapes``: tensor name -> shape), else InputError naming ``source``, the field and
+    the tensor. The first attention layer stored is checked: a config read against another model's
+    weights would give the reference forward shapes its weights cannot have."""
+    heads, kv = head_counts(config)
+    size = head_dim(config)
+    layers: dict[int, dict[str, tuple]] = {}
+    for name, shape in shapes.items():
+        m = ATTENTION_WEIGHT.search(name)
+        if m and shape:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = (name, shape[0])
+    if not (heads and size and layers):
+        return config
+    stored = layers[min(layers)]
+    cfg = text_config(config)
+    kv_key = "num_key_value_heads" if cfg.get("num_key_value_heads") else "num_attention_heads"
+    # The head size is a field of its own only when head_dim is set (else hidden_size / heads).
+    per = "/head_dim" if cfg.get("head_dim") else ""
+    wanted = {"q_proj": ("num_attention_heads" + per, heads * size), "k_proj": (kv_key + per, kv * size),
+              "v_proj": (kv_key + per, kv * size),
+              "qkv_proj": (f"num_attention_heads/{kv_key}{per}", (heads + 2 * kv) * size)}
+    for proj, (field_name, want) in wanted.items():
+        name, rows = stored.get(proj, (None, want))
+        if rows != want:
+            raise InputError(f"{source}: {field_name} does not fit the checkpoint: {name} has {rows} rows, "
+                             f"not the {want} the config's heads x head size {size} give")
     return config
 
 

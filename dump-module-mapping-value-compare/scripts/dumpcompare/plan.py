@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .naming import ModuleRecord
 
 
-@dataclass
+@dataclass(slots=True)
 class Carrier:
     """A leaf on one side that holds (part of) a point."""
     rec: int                   # index into that side's records
@@ -16,7 +16,7 @@ class Carrier:
     io: str
 
 
-@dataclass
+@dataclass(slots=True)
 class PointPlan:
     """One planned comparison (output_2 ``comparisons`` row, executed into output_3)."""
     cid: str

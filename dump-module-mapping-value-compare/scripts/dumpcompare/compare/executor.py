@@ -43,7 +43,7 @@ class SideView:
     keys: list[str]
 
 
-@dataclass
+@dataclass(slots=True)
 class Result:
     """One executed comparison (an output_3 row)."""
     cid: str

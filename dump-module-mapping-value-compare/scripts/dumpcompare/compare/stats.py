@@ -104,7 +104,17 @@ def nonfinite_one_side_calls(t: Stats, r: Stats) -> np.ndarray:
 
 def nonfinite_one_side(a: Stats, b: Stats) -> bool:
     """A NaN/Inf statistic on one side where the other side's is finite (any call)."""
+    if _floats(a, b):
+        return any(x is not None and y is not None and math.isfinite(x) != math.isfinite(y)
+                   for x, y in ((getattr(a, k), getattr(b, k)) for k in ATTRS))
     return bool(nonfinite_one_side_calls(a, b).any())
+
+
+def _floats(t: Stats, r: Stats) -> bool:
+    """Both sides one call, every statistic a Python float or absent: the case of nearly every
+    comparison of a dump whose calls do not fold, where numpy on one-element arrays cost ~20x the
+    float arithmetic itself (issue 28, item 4)."""
+    return all(type(v) is float or v is None for v in (t.max, t.min, t.mean, t.norm, r.max, r.min, r.mean, r.norm))
 
 
 def _truthy(x: np.ndarray) -> np.ndarray:
@@ -165,4 +175,66 @@ def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
 
 def stat_errors(t: Stats, r: Stats) -> dict:
     """Raw and scaled differences between two one-call statistics sets (None where there is none)."""
+    if _floats(t, r):
+        return {k: None if v != v else v for k, v in _float_errors(t, r).items()}
     return {k: _scalar(v) for k, v in stat_error_calls(t, r).items()}
+
+
+_INF, _NAN = math.inf, math.nan
+
+
+def _fmax(values: list[float]) -> float:
+    """np.fmax.reduce of floats: the largest that is not NaN; NaN when there is none."""
+    kept = [v for v in values if v == v]
+    return max(kept) if kept else _NAN
+
+
+def _truthy_float(x: float) -> bool:
+    return x == x and x != 0
+
+
+def _ratio_float(num: float, den: float) -> float:
+    return abs(num) / den if _truthy_float(den) else (0.0 if num == 0 else _INF)
+
+
+def _float_errors(t: Stats, r: Stats) -> dict[str, float]:
+    """stat_error_calls for one call of floats, in float arithmetic: the same IEEE operations in the
+    same order, so the same values (tests/compare/test_stats_floats.py holds the two to each other)."""
+    out: dict[str, float] = {}
+    for a in ATTRS:
+        x, y = getattr(t, a), getattr(r, a)
+        if x is None or y is None:
+            out[f"{a}_diff"] = out[f"{a}_rel"] = _NAN
+            continue
+        if not (math.isfinite(x) and math.isfinite(y)):
+            out[f"{a}_diff"] = out[f"{a}_rel"] = _NAN
+            continue
+        d = y - x
+        out[f"{a}_diff"] = d
+        out[f"{a}_rel"] = abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else _INF)
+    amax = _fmax([abs(x) if math.isfinite(x) else _NAN for x in (t.max, t.min, r.max, r.min) if x is not None])
+    scaled = []
+    tn, rn, nd = t.norm, r.norm, out["norm_diff"]
+    if tn is not None and rn is not None:
+        # np.maximum propagates NaN where max() would not.
+        denom = _NAN if tn != tn or rn != rn else max(abs(tn), abs(rn))
+        scaled.append(_NAN if nd != nd else (abs(nd) / denom if denom > 0 else 0.0))
+    md = out["mean_diff"]
+    if t.mean is not None and r.mean is not None:
+        rms = _NAN
+        if tn is not None and rn is not None and (t.numel or r.numel):
+            count = math.sqrt(float(min(max(t.numel or 1, r.numel or 1), 1e300)))
+            rms = max(abs(tn), abs(rn)) / count if math.isfinite(tn) and math.isfinite(rn) else _NAN
+        scale = rms if _truthy_float(rms) else amax
+        scaled.append(_NAN if md != md else _ratio_float(md, scale))
+    for a in ("max", "min"):
+        dd = out[f"{a}_diff"]
+        if getattr(t, a) is None or getattr(r, a) is None:
+            continue
+        if t.is_int or r.is_int:
+            s = 0.0 if dd == 0 else _INF
+        else:
+            s = _ratio_float(dd, amax)
+        scaled.append(_NAN if dd != dd else s)
+    out["scaled_error"] = _fmax(scaled)
+    return out

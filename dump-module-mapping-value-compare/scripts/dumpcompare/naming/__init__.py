@@ -16,7 +16,7 @@ from ..userconfig import builtin, check_regex, merge, read_user_yaml
 _BUILTIN = Path(__file__).with_name("profiles.yaml")
 
 
-@dataclass
+@dataclass(slots=True)
 class Port:
     """One leaf of a module and the logical tensor it carries."""
     leaf: str                  # leaf name inside the entry
@@ -28,7 +28,7 @@ class Port:
         return self.point.split("+")
 
 
-@dataclass
+@dataclass(slots=True)
 class ModuleRecord:
     """A parsed, normalised entry (output_1 row)."""
     side: str
