@@ -298,6 +298,18 @@ def test_engine_config_head_counts_are_checked_against_the_checkpoint(tmp):
             "num_key_value_heads/head_dim does not fit the checkpoint", "k_proj.weight has 16 rows")
 
 
+def test_head_counts_of_a_family_with_other_projections_are_not_held_to_heads_times_size():
+    # DeepSeek's latent attention and Qwen3-Next's gated q give q_proj other row counts than
+    # heads x head size: only the reference forward's families are checked.
+    from dumpcompare import modelconfig
+    from dumpcompare.errors import InputError
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (8 * 192, 2048)}
+    config = {"model_type": "deepseek_v2", "num_attention_heads": 8, "hidden_size": 2048}
+    assert modelconfig.check_heads(config, shapes, "config.json") is config
+    with pytest.raises(InputError, match="q_proj"):
+        modelconfig.check_heads({**config, "model_type": "llama"}, shapes, "config.json")
+
+
 def test_config_number_too_long_to_read(tmp):
     model = edited_model(tmp)
     (model / "config.json").write_text('{"num_attention_heads": ' + "9" * 5000 + "}", encoding="utf-8")

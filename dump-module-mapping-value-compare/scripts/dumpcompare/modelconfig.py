@@ -124,11 +124,37 @@ def validate(config: dict, source: str) -> dict:
     return config
 
 
+# model_type (or architectures[0]) -> the family of the reference forward (refmodel/), whose
+# attention projections hold heads x head size rows each.
+FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+            "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3_moe",
+            "mixtral": "mixtral"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+                 "Gemma3ForConditionalGeneration": "gemma3", "Phi3ForCausalLM": "phi3",
+                 "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}
+
+
+def family(config: dict) -> str | None:
+    """The reference forward's family of ``config`` (a config.json dict), or None."""
+    if not isinstance(config, dict):
+        return None
+    fam = FAMILIES.get(str(config.get("model_type", "")))
+    if fam is None:
+        archs = config.get("architectures")
+        fam = ARCHITECTURES.get(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    return fam
+
+
 def check_heads(config: dict, shapes: dict, source: str) -> dict:
     """``config`` when its head counts and head size give the rows of the checkpoint's q/k/v
     projections (``shapes``: tensor name -> shape), else InputError naming ``source``, the field and
     the tensor. The first attention layer stored is checked: a config read against another model's
-    weights would give the reference forward shapes its weights cannot have."""
+    weights would give the reference forward shapes its weights cannot have. Only the families of
+    :data:`FAMILIES` are checked: others size their projections otherwise (DeepSeek's latent
+    attention, Qwen3-Next's gated q with twice the rows), and a refusal there would be wrong."""
+    if family(config) is None:
+        return config
     heads, kv = head_counts(config)
     size = head_dim(config)
     layers: dict[int, dict[str, tuple]] = {}

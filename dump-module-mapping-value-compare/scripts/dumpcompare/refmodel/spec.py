@@ -13,14 +13,6 @@ import numpy as np
 
 from .. import modelconfig
 
-# model_type (or architectures[0]) -> the family whose forward this package implements.
-FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-            "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3_moe",
-            "mixtral": "mixtral"}
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-                 "Gemma3ForConditionalGeneration": "gemma3", "Phi3ForCausalLM": "phi3",
-                 "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}
 # config activation names -> the function transformers' ACT2FN gives them.
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_tanh": "gelu_tanh", "relu": "relu"}
@@ -68,13 +60,7 @@ class Spec:
 
 def family(config: dict) -> str | None:
     """The family of ``config`` (a config.json dict) this package can run, or None."""
-    if not isinstance(config, dict):
-        return None
-    fam = FAMILIES.get(str(config.get("model_type", "")))
-    if fam is None:
-        archs = config.get("architectures")
-        fam = ARCHITECTURES.get(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    return fam
+    return modelconfig.family(config)
 
 
 def _pick(cfg: dict, over: dict, *keys, default=None):
