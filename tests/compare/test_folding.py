@@ -114,6 +114,23 @@ def test_a_call_that_differs_starts_a_new_run_and_loses_nothing(tmp_path, dump_d
         assert len(got[key]) == len(stats) and all(_same(x, y) for x, y in zip(got[key], stats)), key
 
 
+def test_calls_that_keep_changing_stay_apart_and_lose_nothing(tmp_path, dump_doc):
+    # call 1 of down_proj differs from calls 0 and 2: after a second run of one call the module's
+    # calls are read as they are instead of starting a run per call
+    data = json.loads(json.dumps(dump_doc["data"]))
+    key = next(k for k in data if k.endswith(".forward.1") and "layers.0.mlp.down_proj" in k)
+    data[key]["output"][0]["shape"] = [9, 9]
+    p = _write(tmp_path, dump_doc, data)
+    folded, apart = load_path(p), load_path(p, fold=False)
+    runs = [(e.call, e.n_calls) for e in folded.entries if "layers.0.mlp.down_proj" in e.key and e.direction == "forward"]
+    assert runs == [(0, 1), (1, 1), (2, 1)]
+    assert folded.folded          # the other modules still fold
+    got, want = _every_call(folded), dict(_unfolded(apart))
+    assert sorted(got) == sorted(want)
+    for k, stats in want.items():
+        assert all(_same(x, y) for x, y in zip(got[k], stats)), k
+
+
 def test_calls_out_of_order_turn_folding_off_and_lose_nothing(tmp_path, dump_doc):
     data = json.loads(json.dumps(dump_doc["data"]))
     changed = _mutations(data)["reorder"](data)

@@ -41,6 +41,7 @@ class _Group:
     remains: Any                     # call 0's entry with the statistics taken out
     rows: array                      # float64, 4 per leaf per call, NaN where absent
     orders: list[int] = field(default_factory=list)    # file positions of the run's later calls
+    first_run: Any = None            # the module's first run (this one, or an earlier _Group)
 
     @property
     def next_call(self) -> int:
@@ -126,6 +127,10 @@ class CallFolder:
         self.kept: list[tuple[int, Entry]] = []
         self.groups: dict[tuple, _Group] = {}       # per module: its current run
         self.runs: list[_Group] = []
+        # Modules whose calls stopped folding (per module: its next call): a second run that ended
+        # with one call means the calls keep changing (shapes alternating from call to call), and
+        # starting a run per call would cost more than reading the calls as they are.
+        self.apart: dict[tuple, int] = {}
         self.keys: set[str] = set()
         self.skipped: list[str] = []
         self.count = 0
@@ -142,22 +147,26 @@ class CallFolder:
         if not self.broken and kind == "module" and direction in (FORWARD, BACKWARD):
             base = (path, cls, direction)
             g = self.groups.get(base)
-            in_order = key not in self.keys and call == (0 if g is None else g.next_call)
+            nxt = self.apart.get(base, 0 if g is None else g.next_call)
+            in_order = key not in self.keys and call == nxt
             if g is not None and in_order and self._fold_call(g, value):
                 g.orders.append(order)
                 self.keys.add(key)
                 return
             e = build_entry(key, value, order)
-            if in_order:
-                self._start_group(base, e, value)      # the module's first call, or a new structure
-            else:
+            if not in_order:
                 self._break()
+            elif base in self.apart or (g is not None and not g.orders and g is not g.first_run):
+                self.groups.pop(base, None)
+                self.apart[base] = call + 1
+            else:
+                self._start_group(base, e, value, g)   # the module's first call, or a new structure
             self.keys.add(key)
             self.kept.append((order, e))
             return
         self.kept.append((order, build_entry(key, value, order)))
 
-    def _start_group(self, base: tuple, e: Entry, value: dict) -> None:
+    def _start_group(self, base: tuple, e: Entry, value: dict, before: _Group | None) -> None:
         try:
             paths = [_path(value, lf.name) if lf.is_tensor else () for lf in e.leaves]
             found = [p for p in paths if p]
@@ -168,6 +177,7 @@ class CallFolder:
             self._break()           # leaf names that do not lead back to their own items
             return
         g = _Group(e, paths, [v is None for v in nums], value, array("d", [_NAN if v is None else v for v in nums]))
+        g.first_run = g if before is None else before.first_run
         self.groups[base] = g
         self.runs.append(g)
 
