@@ -61,7 +61,7 @@ def suspects(point: str, arrays: dict, view, leaves, call_ends: list[int] | None
         return None
     whole = np.concatenate(refs, axis=1)
     ends = call_ends if call_ends else [whole.shape[0]]
-    groups = call_groups(view, leaves, whole, ends, False) if len(ends) > 1 else None
+    groups = call_groups(leaves, whole, ends) if len(ends) > 1 else None
     if groups is None:
         groups = [(leaves, whole)]
     dtype = dtype_key(leaves[0].dtype)

@@ -145,7 +145,7 @@ def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
     then its decode calls). Where the side's leaves hold those calls one by one, each call is
     judged on its own rows and the point departs when any call does: the statistics of a fault
     that starts at a decode call, averaged with the calls before it, can fall below tolerance."""
-    per_call = call_groups(view, leaves, ref, call_ends, use_tensors) if call_ends and len(call_ends) > 1 else None
+    per_call = call_groups(leaves, ref, call_ends) if call_ends and len(call_ends) > 1 else None
     if per_call is None:
         return _judge_whole(ref, view, leaves, n_parts, tolerances, use_tensors)
     judged = _judge_calls(per_call, view, n_parts, tolerances, use_tensors)
@@ -164,7 +164,7 @@ def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
     return out
 
 
-def call_groups(view, leaves: list[Leaf], ref: np.ndarray, call_ends: list[int], use_tensors: bool):
+def call_groups(leaves: list[Leaf], ref: np.ndarray, call_ends: list[int]):
     """[(leaves of call c, reference rows of call c)] when the side's leaves hold its calls one by
     one (stitched calls, or one leaf with a row of statistics per call); None otherwise. A call
     holding one row of a point the reference holds for every token (the logits an engine keeps for
