@@ -193,14 +193,17 @@ def _token_table(tokens: list[dict]) -> str:
         width = 80 * abs(d) / largest if d is not None and math.isfinite(d) else 0.0
         bar = (f'<svg xmlns="http://www.w3.org/2000/svg" class="token-delta" width="84" height="10"><rect x="0" y="1" width="{width:.1f}" height="8" fill="#1565c0"/>'
                '</svg>')
+        # The chart above and the max |diff| line count a token at its own position; output_3's
+        # ``position`` is the logits row that scores it, one before.
+        pos = t.get("position")
         # Seven digits: two log-probs that agree to 1e-6 still read as two numbers.
-        rows.append((t.get("position"), t.get("token_id"), _digits(t.get("train")), _digits(t.get("rollout")),
+        rows.append((pos + 1 if isinstance(pos, int) else pos, t.get("token_id"), _digits(t.get("train")), _digits(t.get("rollout")),
                      fmt(d), bar))
     more = f" (the first {TOKEN_ROWS} of {len(tokens)})" if len(tokens) > TOKEN_ROWS else ""
-    return (f"<p>Per response token{more}: the log-probability of the sampled token (the token at position + 1) "
-            "as the raw log-softmax of each side's logits, before any temperature (both dumps hold the logits "
-            "before it).</p>"
-            + _table(("position", "token id", "train", "rollout", "train - rollout", "|train - rollout|"),
+    return (f"<p>Per response token{more}: the log-probability of the sampled token at that position, the raw "
+            "log-softmax of the logits row before it on each side, before any temperature (both dumps hold "
+            "the logits before it).</p>"
+            + _table(("token position", "token id", "train", "rollout", "train - rollout", "|train - rollout|"),
                      [tuple(text(v) for v in r[:5]) + (r[5],) for r in rows], escaped=True))
 
 
