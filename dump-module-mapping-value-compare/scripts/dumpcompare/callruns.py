@@ -11,20 +11,25 @@ from __future__ import annotations
 from .records import Leaf
 
 
+def with_row(leaf: Leaf, row, per_call=None) -> Leaf:
+    """``leaf`` holding ``row`` (Max, Min, Mean, Norm of one call) and ``per_call`` (the rows of the
+    calls it still holds, None for one). A statistic the leaf lacks stays absent in every call; one it
+    holds keeps the row's value, NaN included (a NaN statistic is data, not an absence). Built field
+    by field rather than with dataclasses.replace, which costs several times more and runs once per
+    call of a generation."""
+    return Leaf(name=leaf.name, dtype=leaf.dtype, shape=leaf.shape,
+                max=None if leaf.max is None else row[0], min=None if leaf.min is None else row[1],
+                mean=None if leaf.mean is None else row[2], norm=None if leaf.norm is None else row[3],
+                requires_grad=leaf.requires_grad, checksum=leaf.checksum, data_name=leaf.data_name,
+                value=leaf.value, is_tensor=leaf.is_tensor, merge=leaf.merge, shards=leaf.shards,
+                per_call=per_call, shard_hint=leaf.shard_hint)
+
+
 def call_leaves(leaf: Leaf | None) -> list[Leaf | None]:
     """The calls a leaf holds, each as a leaf of its own (one call: the leaf itself)."""
     if leaf is None or leaf.per_call is None or len(leaf.per_call) <= 1:
         return [leaf]
-    # A statistic the run's calls lack is None in every call; one they hold keeps its value, NaN
-    # included (a NaN statistic is data, not an absence). Built field by field rather than with
-    # dataclasses.replace, which costs several times more and runs once per call of a generation.
-    has = (leaf.max is not None, leaf.min is not None, leaf.mean is not None, leaf.norm is not None)
-    out = []
-    for mx, mn, mean, norm in leaf.per_call.tolist():
-        out.append(Leaf(leaf.name, leaf.dtype, leaf.shape, mx if has[0] else None, mn if has[1] else None,
-                        mean if has[2] else None, norm if has[3] else None, leaf.requires_grad, leaf.checksum,
-                        leaf.data_name, leaf.value, leaf.is_tensor, leaf.merge, leaf.shards, None, leaf.shard_hint))
-    return out
+    return [with_row(leaf, row) for row in leaf.per_call.tolist()]
 
 
 def calls_held(leaf: Leaf | None) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..callruns import with_row
 from ..records import BACKWARD, FORWARD, Entry
 from .msprobe import build_entry, parse_key, stat_value
 
@@ -92,11 +93,7 @@ def _put_back(taken: list) -> None:
 
 def _call_entry(first: Entry, call: int, row) -> Entry:
     """Call ``call`` of a folded module as its own entry (its statistics from ``row``)."""
-    leaves = []
-    for i, lf in enumerate(first.leaves):
-        stats = [None if old is None else row[4 * i + j]
-                 for j, old in enumerate((lf.max, lf.min, lf.mean, lf.norm))]
-        leaves.append(replace(lf, max=stats[0], min=stats[1], mean=stats[2], norm=stats[3], per_call=None))
+    leaves = [with_row(lf, row[4 * i:4 * i + 4]) for i, lf in enumerate(first.leaves)]
     return replace(first, key=f"{first.key.rsplit('.', 1)[0]}.{call}", call=call, leaves=leaves, n_calls=1)
 
 
@@ -106,16 +103,9 @@ def select_calls(first: Entry, picks: list[int]) -> Entry:
     if first.n_calls <= 1:
         return first
     at = np.asarray(picks)
-    leaves = []
-    for lf in first.leaves:
-        if lf.per_call is None:
-            leaves.append(lf)
-            continue
-        rows = lf.per_call[at]
-        row = rows[0].tolist()
-        leaves.append(replace(lf, max=None if lf.max is None else row[0], min=None if lf.min is None else row[1],
-                              mean=None if lf.mean is None else row[2], norm=None if lf.norm is None else row[3],
-                              per_call=rows if len(picks) > 1 else None))
+    leaves = [lf if lf.per_call is None else
+              with_row(lf, lf.per_call[at[0]].tolist(), lf.per_call[at] if len(picks) > 1 else None)
+              for lf in first.leaves]
     return replace(first, leaves=leaves, n_calls=len(picks))
 
 
