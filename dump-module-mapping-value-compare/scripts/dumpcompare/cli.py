@@ -46,7 +46,10 @@ def _positive_int(text: str) -> int:
 
 
 def _temperature(text: str) -> float:
-    t = float(text)
+    try:
+        t = float(text)
+    except ValueError:
+        t = float("nan")            # refused below, with the same words as a bad number
     if not 0 < t < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
     return t
