@@ -34,7 +34,7 @@ def test_a_sync_mid_generation_is_found_from_its_call(name, tmp_path):
     ev = rc["evidence"]
     assert ev["first_call"] == expected["from_call"] and ev["calls"] == case_doc(name)["forward_calls"]
     assert "per call" in ev["departure"]["how"]
-    assert f"from forward call {expected['from_call']} of {ev['calls']} (decode call {expected['from_call']}; " \
+    assert f"from forward call {expected['from_call']} of {ev['calls']} on (decode call {expected['from_call']}; " \
         in console.splitlines()[1]
 
 
@@ -45,3 +45,15 @@ def test_a_clean_generation_matches_the_reference_on_every_call(tmp_path):
     rf = doc["reference_forward"]
     assert rf["tokens"]["rollout"]["ids"] == rf["tokens"]["train"]["ids"][:-1]
     assert [c["tokens"] for c in rf["tokens"]["rollout"]["calls"]] == [8, 1, 1, 1, 1, 1]
+
+
+def test_prepacked_weights_are_not_visible_and_a_run_of_calls_says_its_length(tmp_path):
+    """vLLM CPU's empty [0] linear weights are 'not visible' (no_statistics), never a size conflict; a
+    size conflict against a folded run of decode calls lists the run's length with its one shape."""
+    _run("llama_sync_mid_down_proj_stats_onestep", tmp_path)
+    doc = json.loads((tmp_path / "output_3_value_compare.json").read_text(encoding="utf-8"))
+    empty = [r for r in doc["results"] if r["rollout"]["shapes"] == [[0]]]
+    assert empty and all(r["skip"]["code"] == "no_statistics" and "not visible" in r["skip"]["reason"]
+                         for r in empty)
+    conflicts = [r["skip"]["reason"] for r in doc["results"] if (r["skip"] or {}).get("code") == "shape_conflict"]
+    assert conflicts and all("x 6 calls" in c for c in conflicts), conflicts

@@ -81,7 +81,7 @@ def _when(top: dict) -> str | None:
     if call is None or not calls or calls < 2:
         return None
     which = "the prefill" if call == 0 else f"decode call {call}; call 0 is the prefill"
-    return f"from forward call {call} of {calls} ({which}) on"
+    return f"from forward call {call} of {calls} on ({which})"
 
 
 def build(doc: dict, argv: list[str], input_notes: list[str]) -> dict:

@@ -130,6 +130,15 @@ def side_call_keys(side: dict) -> list[str]:
     return [k for key, n in zip(side["keys"], runs) for k in call_keys(key, n)]
 
 
+def _shapes_text(side: dict) -> str:
+    """A side's shapes for a message; a folded run of calls is one shape repeated, so its length
+    is said with it (the element count covers every call)."""
+    runs = side.get("calls")
+    if not runs:
+        return str(side["shapes"])
+    return "[" + ", ".join(f"{s} x {n} calls" if n > 1 else str(s) for s, n in zip(side["shapes"], runs)) + "]"
+
+
 def _stats_dict(s: Stats) -> dict:
     return {"max": s.max, "min": s.min, "mean": s.mean, "norm": s.norm, "numel": s.numel}
 
@@ -279,7 +288,14 @@ class Executor:
         tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
         res.tolerance, res.strict_tolerance = tol, strict
         if ts.numel is not None and rs.numel is not None and ts.numel != rs.numel:
-            self._size_conflict(plan, res, ts, rs)
+            if 0 in (ts.numel, rs.numel):
+                # An engine that keeps a weight only in a kernel format dumps an empty tensor (vLLM's
+                # CPU build prepacks linear weights into [0]): nothing to see, not another size.
+                side = "train" if ts.numel == 0 else "rollout"
+                res.skipped("no_statistics", f"not visible: the {side} tensor holds no element (a weight kept "
+                            "only in a kernel format, such as vLLM CPU's prepacked linears)")
+            else:
+                self._size_conflict(plan, res, ts, rs)
             return
         res.stat_errors = errors if errors is not None else stat_errors(ts, rs)
         if nonfinite_one_side(ts, rs):
@@ -338,7 +354,8 @@ class Executor:
             res.stat_errors = {"norm_rel": abs(ts.norm - rs.norm) / max(ts.norm, rs.norm)
                                if ts.norm and rs.norm else None}
         else:
-            res.skipped("shape_conflict", f"shape conflict: {ts.numel} vs {rs.numel} elements ({tshape} vs {rshape})")
+            res.skipped("shape_conflict", f"shape conflict: {ts.numel} vs {rs.numel} elements "
+                        f"({_shapes_text(res.train)} vs {_shapes_text(res.rollout)})")
 
     # -- tensors --------------------------------------------------------------------------
     def _tensors(self, plan, tl, rl, res: Result):
