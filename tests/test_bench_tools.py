@@ -206,6 +206,8 @@ def test_bench_generation_prints_its_ratio_lines(tmp_path):
         assert line is not None, (label, proc.stdout)
         assert re.search(r"= \d+\.\d\dx \(target <= " + re.escape(target) + r"\), cpu time ratio \d+\.\d\dx", line), line
         assert "[" not in line, line        # no failed or stopped run
+    adds = next(ln for ln in out if ln.startswith("what --model adds:"))
+    assert re.search(r"-?\d+\.\d\d s on 6 decode calls against -?\d+\.\d\d s on one forward", adds), adds
     info = next(ln for ln in out if ln.startswith("generation pair:"))
     assert "vLLM prefill 4 + 6 decode calls in one dump" in info and "7 calls x" in info, info
     for what in ("one forward", "6 decode calls"):

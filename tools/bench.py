@@ -35,7 +35,8 @@ engine's single forward over all the tokens, and the model as a checkpoint whose
 are. Runs are interleaved (one round of every command, ``--repeat`` rounds) and two ratio lines
 printed: ``run_compare.py`` on the decode pair without ``--model`` against ``json.load`` of the same
 two files (target 1.5x), and with ``--model``/``--token-ids`` against the same command on the
-single-forward pair (target 1.2x).
+single-forward pair (target 1.2x); a third line gives what ``--model`` adds to each pair (the
+reference forward and its per-call judging, without the cost of reading the larger dump).
 
 Many modules (``many``): ``tools/manydump.py`` writes a pair of ``--many-calls`` forward calls of an
 80-layer model whose shapes alternate between calls, so that no call folds: ~1000 distinct entries
@@ -1008,12 +1009,13 @@ def run_generation(args, work: Path, mem_limit: int, created: list, results: dic
               [py, "-c", JSON_LOAD_ALL, g["files"]["train"], g["files"]["rollout_decode"]]),
              (f"generation: compare, {g['decode']} decode calls",
               compare(g["rollout_decode"], "out_gen_decode", [])),
+             ("generation: compare, one forward", compare(g["rollout_prefill"], "out_gen_prefill", [])),
              ("generation: compare --model, one forward", compare(g["rollout_prefill"], "out_gen_prefill_ref", ref)),
              (f"generation: compare --model, {g['decode']} decode calls",
               compare(g["rollout_decode"], "out_gen_decode_ref", ref))]
     timeout = args.stage_timeout or 600.0
-    base, plain, one, many = run_interleaved(specs, args.repeat, timeout=timeout, mem_limit=mem_limit)
-    for st, against in ((base, None), (plain, base), (one, None), (many, one)):
+    base, plain, one_plain, one, many = run_interleaved(specs, args.repeat, timeout=timeout, mem_limit=mem_limit)
+    for st, against in ((base, None), (plain, base), (one_plain, None), (one, one_plain), (many, one)):
         results["stages"][st.name] = _stage_json(st)
         rows.append(stage_row(st, against.median if against else None, None))
     r = _ratio_parts(plain, base.median, base.cpu_median)
@@ -1026,10 +1028,20 @@ def run_generation(args, work: Path, mem_limit: int, created: list, results: dic
         f"ratio generation reference: time / the same tokens in one forward = {r['time']} (target <= 1.2x), "
         f"cpu time ratio {r['cpu']}; --model --token-ids, {g['decode']} decode calls judged one by one; "
         f"median {_fmt_s(many.median)} s against {_fmt_s(one.median)} s, peak {r['peak_mb']} MB{r['tag']}")
+    if None in (plain.median, one_plain.median, one.median, many.median):
+        ratio_lines.append("what --model adds: not measured (a command failed)")
+    else:
+        # The ratio above also pays for reading a dump that holds every call (hundreds of times the
+        # one-forward dump); this line isolates the reference forward and its per-call judging.
+        ratio_lines.append(
+            f"what --model adds: {_fmt_s(many.median - plain.median)} s on {g['decode']} decode calls against "
+            f"{_fmt_s(one.median - one_plain.median)} s on one forward over the same tokens (medians; the same "
+            "reference forward runs once per side in both)")
     for st, out in ((one, "out_gen_prefill_ref"), (many, "out_gen_decode_ref")):
         if st.failed is None:
             info_lines.append(f"reference forward ({st.name.split(', ', 1)[1]}): {_reference_verdict(work / out)}")
     results["generation"] = {**g, "json_load_s": base.median, "compare_s": plain.median,
+                             "compare_one_forward_s": one_plain.median,
                              "reference_one_forward_s": one.median, "reference_decode_s": many.median}
     results["ratio_lines"] = list(ratio_lines)
 
