@@ -8,8 +8,13 @@ most their Min, Norm^2 at least the sum of their Norm^2, and what is left for X 
 Norm^2, by difference) must be a possible tensor of X's size (|sum| <= sqrt(n) * norm, and the
 sum within n * [Min, Max]). Each engine call gives these tests again on its own rows. A part
 whose hypothesis breaks any of them beyond tolerance is ruled out; the parts that remain are the
-suspects. The tests only rule out, never prove: several parts can remain.
-Why: references/reference_forward_evidence.md ("Which part of a fused output").
+suspects. These tests only rule out, never prove: several parts can remain.
+
+Among the parts left, a part whose reference Max (or Min) is the fused output's Max (Min) at some
+call, while another part's never is, is taken as unchanged: a changed weight moves every value
+the part outputs, its extreme one included, so that equality is the mark of a part left intact.
+Why, and where it can mislead: references/reference_forward_evidence.md ("Which part of a fused
+output").
 """
 from __future__ import annotations
 
@@ -67,14 +72,38 @@ def suspects(point: str, arrays: dict, view, leaves, call_ends: list[int] | None
     dtype = dtype_key(leaves[0].dtype)
     widths = np.cumsum([r.shape[1] for r in refs])[:-1]
     out: dict[str, str | None] = {p: None for p in parts}
+    seen: dict[str, str] = {}
     for c, (group, rows) in enumerate(groups):
         stats = combine([s for lf in group for s in leaf_calls(lf)])
         if None in (stats.max, stats.min, stats.mean, stats.norm, stats.numel) or stats.numel != rows.size:
             return None
         pieces = [_ref(a, dtype) for a in np.split(rows, widths, axis=1)]
+        at = f" (call {c})" if len(groups) > 1 else ""
         for i, p in enumerate(parts):
             if out[p] is None:
                 why = _broken(stats, pieces[:i] + pieces[i + 1:], pieces[i]["n"], tolerance)
                 if why:
-                    out[p] = why + (f" (call {c})" if len(groups) > 1 else "")
+                    out[p] = why + at
+        for p, what in _extremes_held(stats, parts, pieces, tolerance).items():
+            seen.setdefault(p, what + at)
+    left = [p for p in parts if out[p] is None]
+    unseen = [p for p in left if p not in seen]
+    if unseen and len(unseen) < len(left):
+        for p in left:
+            if p in seen:
+                out[p] = (f"its reference {seen[p]}: that value is unchanged, and a change of the part's "
+                          "weight would move it")
     return {"parts": out, "suspects": [p for p in parts if out[p] is None]}
+
+
+def _extremes_held(stats, parts: list[str], pieces: list[dict], tol: float) -> dict[str, str]:
+    """part -> which of its reference extremes the fused statistics hold, for a part that alone
+    holds it (two parts with the same extreme prove nothing about either)."""
+    scale = max(abs(stats.max), abs(stats.min), 1e-30)
+    found = {}
+    for key, word in (("max", "Max"), ("min", "Min")):
+        got = getattr(stats, key)
+        hits = [p for p, piece in zip(parts, pieces) if abs(piece[key] - got) <= tol * scale]
+        if len(hits) == 1:
+            found.setdefault(hits[0], f"{word} is the fused output's")
+    return found
