@@ -288,12 +288,12 @@ class Executor:
         tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
         res.tolerance, res.strict_tolerance = tol, strict
         if ts.numel is not None and rs.numel is not None and ts.numel != rs.numel:
-            if 0 in (ts.numel, rs.numel):
+            if 0 in (ts.numel, rs.numel) and plan.axis == "rows":
                 # An engine that keeps a weight only in a kernel format dumps an empty tensor (vLLM's
                 # CPU build prepacks linear weights into [0]): nothing to see, not another size.
                 side = "train" if ts.numel == 0 else "rollout"
-                res.skipped("no_statistics", f"not visible: the {side} tensor holds no element (a weight kept "
-                            "only in a kernel format, such as vLLM CPU's prepacked linears)")
+                res.skipped("no_statistics", f"not visible: the {side} parameter holds no element (a weight "
+                            "kept only in a kernel format, such as vLLM CPU's prepacked linears)")
             else:
                 self._size_conflict(plan, res, ts, rs)
             return
