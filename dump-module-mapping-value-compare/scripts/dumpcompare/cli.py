@@ -23,7 +23,8 @@ from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
 from .plan import MappingPlan
 from .naming import Namer, load_profiles
-from .outputs import COMPARE_OUTPUTS, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale, write_atomic, write_csv, write_json
+from .outputs import (COMPARE_OUTPUTS, OUTPUT_3_SCHEMA_VERSION, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale,
+                      write_atomic, write_csv, write_json)
 from .safetext import visible
 from .tolerances import load_tolerances
 
@@ -266,7 +267,7 @@ def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
     write_csv(out / "output_1_key_mapping.csv", h1, r1)
     write_json(out / "output_2_mapping.json", docs["doc2"])
     write_csv(out / "output_2_mapping.csv", h2, r2)
-    write_json(out / "output_3_value_compare.json", docs["doc3"])
+    write_json(out / "output_3_value_compare.json", docs["doc3"], OUTPUT_3_SCHEMA_VERSION)
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", docs["doc4"], OUTPUT_4_SCHEMA_VERSION)
     write_atomic(out / "output_4_module_analysis.md", md4)

@@ -148,6 +148,8 @@ def expert_layouts(arrays: list[np.ndarray], point: str, shape: tuple | None,
         parts = [np.stack(arrays[i::k]) for i in range(k)]
     full = np.concatenate(parts, axis=1)
     cands = [("stacked per expert", full)]
+    if shape is not None and tuple(full.shape) == tuple(shape) and not ranks:
+        return cands            # one unmerged side holding every expert whole: no shard can fit
     ax = 1 if gate_up else 2
     for n in range(2, 17):
         if any(p.shape[ax] % n for p in parts):
