@@ -41,9 +41,14 @@ def run(script: Path, name: str, out: Path, *extra: str, model: bool = True) -> 
 
 
 def references(out: Path) -> dict:
-    """point -> {side: matches_reference record} from output_3."""
+    """point -> {side: matches_reference record} from output_3: the compared parameters', and a
+    parameter one side alone dumps (``reference.<side>.unpaired_parameters``) under that side only."""
     doc = json.loads((out / "output_3_value_compare.json").read_text(encoding="utf-8"))
-    return {r["point"]: r["reference"] for r in doc["results"] if r.get("reference")}
+    refs = {r["point"]: dict(r["reference"]) for r in doc["results"] if r.get("reference")}
+    for side, ref in (doc.get("reference") or {}).items():
+        for rec in (ref or {}).get("unpaired_parameters") or []:
+            refs.setdefault(rec["point"], {})[side] = rec
+    return refs
 
 
 def report(out: Path) -> dict:

@@ -24,12 +24,11 @@ CLEAN = "qwen3_moe_tensor_bf16_clean"
 NORM_FAULTS = ("qwen3_moe_tensor_norm_topk_rollout", "qwen3_moe_tensor_norm_topk_train")
 
 # Since tests/data/real/ follows vLLM 0.32's MoE tree (tools/real_dumps/README.md), the rollout's
-# routing is no longer replayed: replay/routing.py's _fused_experts needs parameters.w13_weight/w2_weight
-# on the experts module and input_kwargs.router_logits holding logits, while the MoERunner holds no
-# parameters (the expert weights are in no entry) and its router_logits are the hidden states (the
-# logits are mlp.gate's output). What each test gets instead is in its mark; strict: remove the mark
-# when a fix lands.
-_VLLM032 = "vLLM 0.32 MoE tree: the rollout's routing is not replayed (see the comment above); "
+# MoERunner holds no expert weight and is called with the hidden states as router_logits; its routing
+# is replayed from the GateLinear's logits, its input and output and the checkpoint's experts
+# (--model: routing records with expert_weights "checkpoint"). Without --model only its top-k sets
+# are known. What a test still gets wrong is in its mark; strict: remove the mark when a fix lands.
+_VLLM032 = "vLLM 0.32 MoE tree: "
 
 
 def _known_wrong(got):
@@ -96,8 +95,6 @@ def test_compare_tells_a_near_tie_flip_from_a_systematic_choice():
         assert rec["set_differs"] >= 1
 
 
-@_known_wrong("routing_compare holds no layer; the verdict is inconclusive (first divergence L1.experts_out), "
-              "not precision_only")
 def test_clean_bf16_pair_routes_the_same_and_is_precision_only(tmp_path):
     """No token of the 16 flips in either layer (the nearest tie is 0.035 apart, the logits differ
     by at most 0.02); the experts outputs differ by rounding, which is not a cause."""
@@ -108,12 +105,13 @@ def test_clean_bf16_pair_routes_the_same_and_is_precision_only(tmp_path):
         [(0, 16, 0, 0, "same"), (1, 16, 0, 0, "same")]
     fits = _routing(tmp_path, "routing")
     assert len(fits) == 8 and all(r["reproduces_reference"] for r in fits)
+    # the rollout dumps no expert weight: its fits rebuild the MoERunner's output with the checkpoint's experts
+    assert {r["side"] for r in fits if r.get("expert_weights") == "checkpoint"} == {"rollout"}
     doc = report(tmp_path)
     assert doc["verdict"] == "precision_only" and doc["root_causes"] == []
     assert any("mixture-of-experts output of layer 1" in n for n in doc["notes"])
 
 
-@_known_wrong("no rollout 'routing' record (KeyError ('rollout', 0, 'norm_topk_prob'))")
 @pytest.mark.parametrize("name", NORM_FAULTS)
 def test_norm_topk_prob_fault_is_charged_to_its_side(name, tmp_path):
     bad = case(name)["fault"]["side"]
@@ -133,13 +131,18 @@ def test_norm_topk_prob_fault_is_charged_to_its_side(name, tmp_path):
     rc = report(tmp_path)["root_causes"][0]
     assert (rc["category"], rc["train_module"], rc["rollout_module"], rc["side"]) == (
         "in_module_impl_difference", "model.layers.0.mlp.experts", "model.layers.0.mlp.experts", bad)
-    assert rc["rules_fired"][0] == "routing_differs"
-    assert rc["evidence"]["routing"]["weights_rel_error"] > 0.2
+    # With --model the reference forward's finding stands in for the triage's routing_differs: the
+    # injected norm_topk_prob reproduces the faulty side at the layer where it departs.
+    assert rc["rules_fired"][0] == "reference_simulated_config"
+    assert any(c.startswith("norm_topk_prob = False") for c in rc["evidence"]["reproduced_by"])
+    assert cmp[0]["weights_rel_error"] > 0.2
     assert "norm_topk_prob" in rc["config_keys"]
-    assert rc["next_checks"][0]["check"].startswith(f"Set norm_topk_prob to True on the {bad} side")
+    assert any(c["check"].startswith(f"Set norm_topk_prob to True on the {bad} side") for c in rc["next_checks"])
 
 
-@_known_wrong("the top cause fires origin_in_module, not routing_differs")
+@_known_wrong("without --model the rollout's routing weights are unknown (no expert weight in its dump, none "
+              "from a checkpoint), so no routing key can disagree: the top cause fires origin_in_module, "
+              "not routing_differs")
 @pytest.mark.parametrize("name", NORM_FAULTS)
 def test_without_the_checkpoint_the_disagreeing_key_is_named(name, tmp_path):
     proc = run(ROOTCAUSE, name, tmp_path, model=False)
@@ -150,23 +153,27 @@ def test_without_the_checkpoint_the_disagreeing_key_is_named(name, tmp_path):
     assert "norm_topk_prob" in rc["next_checks"][0]["check"] and "Rerun with --model" in rc["next_checks"][0]["check"]
 
 
-@_known_wrong("no reference check of L0.experts.gate_up.weight (KeyError): neither side's stacked "
-              "experts are compared with the checkpoint (the rollout has none in its dump)")
 def test_stale_stacked_experts_are_charged_to_the_train_side(tmp_path):
     """transformers 5.x gate_up_proj [E, 2I, H] against the checkpoint's per-expert gate_proj and
-    up_proj: the train side's differs (tensor, exact), vLLM's w13_weight equals the stack."""
+    up_proj: the train side's differs (tensor, exact); vLLM 0.32's MoERunner dumps no expert weight,
+    so the rollout has no record of its own, and its experts' output, rebuilt from its own input with
+    the checkpoint's experts, matches (its reference-forward departure downstream is carried drift)."""
     proc = run(ROOTCAUSE, "qwen3_moe_tensor_stale_expert_train", tmp_path)
     assert proc.returncode == 0, proc.stderr
     refs = references(tmp_path)
     bad = refs["L0.experts.gate_up.weight"]
     assert (bad["train"]["matches_reference"], bad["train"]["how"], bad["train"]["exact"]) == (False, "tensor", True)
-    assert bad["rollout"]["matches_reference"] is True and bad["rollout"]["layout"] == "stacked per expert"
+    assert "rollout" not in bad and bad["train"]["layout"] == "stacked per expert"
     assert len(bad["train"]["checkpoint_tensors"]) == 8    # 4 experts x (gate, up)
     for point in ("L0.experts.down.weight", "L1.experts.gate_up.weight", "L1.experts.down.weight"):
-        assert {s: refs[point][s]["matches_reference"] for s in ("train", "rollout")} == {"train": True, "rollout": True}
-    rc = report(tmp_path)["root_causes"][0]
+        assert {s: refs[point][s]["matches_reference"] for s in refs[point]} == {"train": True}
+    fits = [r for r in _routing(tmp_path, "routing") if r["side"] == "rollout"]
+    assert fits and all(r["reproduces_reference"] and r["expert_weights"] == "checkpoint" for r in fits)
+    doc = report(tmp_path)
+    rc = doc["root_causes"][0]
     assert (rc["category"], rc["train_module"], rc["side"]) == ("parameter_or_checkpoint_issue",
                                                                 "model.layers.0.mlp.experts", "train")
+    assert rc["rules_fired"][0] == "reference_weight_differs" and len(doc["root_causes"]) == 1
 
 
 def test_expert_layouts_of_tensor_parallel_shards():
@@ -185,8 +192,6 @@ def test_expert_layouts_of_tensor_parallel_shards():
     assert np.array_equal(got["stacked per expert"], np.stack([np.concatenate([g, u]) for g, u in zip(gates, ups)]))
 
 
-@_known_wrong("routing_compare holds no layer; the verdict is root_cause_found, in_module_impl_difference "
-              "at model.layers.0.mlp.experts (origin_in_module), not precision_only")
 def test_a_routing_flip_is_precision_never_a_cause(tmp_path):
     """A clean bf16 pair where one of 16 tokens picks another 2nd expert in layer 0 (its 2nd and
     3rd logits tie within the engines' rounding): the experts' output differs at that token far

@@ -23,7 +23,8 @@ from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
 from .plan import MappingPlan
 from .naming import Namer, load_profiles
-from .outputs import COMPARE_OUTPUTS, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale, write_atomic, write_csv, write_json
+from .outputs import (COMPARE_OUTPUTS, OUTPUT_3_SCHEMA_VERSION, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale,
+                      write_atomic, write_csv, write_json)
 from .safetext import visible
 from .tolerances import load_tolerances
 
@@ -139,6 +140,7 @@ class _Compared:
     replays: list | None
     fit: dict | None
     forward: dict | None
+    unpaired: dict          # side -> its parameters no comparison planned, against the checkpoint
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -214,6 +216,8 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
     if any(refs.values()):
         loaded.say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
+    unpaired = reference.unpaired(plan.comparisons, recs, views, refs, tolerances, use_tensors) \
+        if any(refs.values()) else {}
     # Tensor mode: replay the standard modules of each side from its own tensors (replay/).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
     # Whether the checkpoint is the one these dumps ran: without a fit, nothing names a side from it.
@@ -223,7 +227,7 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
         loaded.say("running the reference forward")
         forward = reffit.withhold_verdict(refforward.run(plan.comparisons, views, recs, refs, setup.namer,
                                                          tolerances, use_tensors, setup.given, results), fit)
-    return _Compared(plan, results, replays, fit, forward)
+    return _Compared(plan, results, replays, fit, forward, unpaired)
 
 
 def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared) -> dict:
@@ -237,7 +241,8 @@ def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared) -> dict:
     doc1, view1 = D.output_1(sources, recs)
     doc2, view2 = D.output_2(plan, recs["train"], recs["rollout"])
     doc3, view3 = D.output_3(results, setup.tolerances, D.mode(results),
-                             {s: r.describe() if r else None for s, r in refs.items()} if any(refs.values()) else None,
+                             {s: {**r.describe(), "unpaired_parameters": compared.unpaired.get(s, [])} if r else None
+                              for s, r in refs.items()} if any(refs.values()) else None,
                              replays=compared.replays, forward=compared.forward)
     comp = D.comparability(results, doc2["summary"], D.layer_counts(recs),
                            {"how": plan_doc["tokens"]["how"], "verified": plan_doc["tokens"]["verified"]})
@@ -262,7 +267,7 @@ def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
     write_csv(out / "output_1_key_mapping.csv", h1, r1)
     write_json(out / "output_2_mapping.json", docs["doc2"])
     write_csv(out / "output_2_mapping.csv", h2, r2)
-    write_json(out / "output_3_value_compare.json", docs["doc3"])
+    write_json(out / "output_3_value_compare.json", docs["doc3"], OUTPUT_3_SCHEMA_VERSION)
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", docs["doc4"], OUTPUT_4_SCHEMA_VERSION)
     write_atomic(out / "output_4_module_analysis.md", md4)

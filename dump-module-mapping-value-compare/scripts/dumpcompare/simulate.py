@@ -70,6 +70,13 @@ def _config_candidates(config: dict, eps: float | None, theta: float | None, act
     hd = modelconfig.head_dim(config)
     if hd:
         out += [(f"attention scale 1/{d} instead of 1/sqrt({hd})", {"attention_scale": 1.0 / d}) for d in (hd, 1.0)]
+    if config.get("num_experts") or config.get("num_local_experts"):
+        # The routing normalisation is the MoE key an engine most often sets apart from config.json
+        # (vLLM's FusedMoE ``renormalize``); without it here a config fault at the experts, whose
+        # weights a vLLM 0.32 dump never shows, would read as an unseen weight.
+        norm = bool(config.get("norm_topk_prob", config.get("model_type") == "mixtral"))
+        out.append((f"norm_topk_prob = {not norm} (top-k weights {'not ' if norm else ''}renormalised)",
+                    {"norm_topk_prob": not norm}))
     return out
 
 

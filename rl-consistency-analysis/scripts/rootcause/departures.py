@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from . import credence, hypotheses, rules, sides
+from . import credence, hypotheses, moe, rules, sides
 from .evidence import Evidence
 
 SIDES = ("train", "rollout")
@@ -46,7 +46,10 @@ class Departure:
             rec = (r.get("reference") or {}).get(self.side)
             if rec is not None:
                 out.append({"point": p["point"], **rec})
-        return out
+        # A parameter only this side dumps (transformers' stacked experts beside vLLM 0.32's MoERunner).
+        return out + [{k: v for k, v in u.items() if k not in ("module", "leaf")}
+                      for u in sides.unpaired_parameters(self.ev, self.m, self.side)
+                      if not part or any(x.startswith(part + ".") for x in self.ev.vocab.parts(u["point"]))]
 
     @property
     def weight_differs(self) -> bool:
@@ -175,6 +178,10 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
     f.update(sides.from_structure(sides.Structural(None, f"the {side} side leaves the reference forward at "
                                                          f"{dep['point']}")))
     fixes = sides.decide(ev, f, m)
+    if rule.id == "reference_simulated_config":
+        # The key whose injected value reproduces the side is one to read, whatever the role lists.
+        tried = [c.get("config") or {} for c in (hyp or {}).get("candidates") or [] if c.get("reproduces")]
+        f["config_keys"] = sorted(set(f.get("config_keys") or []) | {k for c in tried for k in c})
     conf, notes = rule.base, []
     if evidence["inputs_match_reference"] is None and rule.id == "reference_unseen_weight":
         conf -= 0.1
@@ -202,9 +209,15 @@ def findings(ev: Evidence) -> tuple[list[dict], list[str]]:
         return [], [f"both sides leave the reference forward at {deps['train']['point']}: the checkpoint, its "
                     "config or the token ids are probably not what the engines ran"]
     hyps = {h.get("side"): h for h in rf.get("hypotheses") or []}
+    notes = []
+    for s in [s for s in SIDES if s in deps]:
+        local = moe.replayed_experts(ev, s, deps[s])
+        if local:
+            notes.append(local)
+            del deps[s]
     out = [f for s in SIDES if s in deps for f in [_finding(ev, s, deps[s], hyps.get(s))] if f is not None]
     out.sort(key=lambda f: (f["layer"] is None, f["layer"] if f["layer"] is not None else 0))
-    return out, []
+    return out, notes
 
 
 def all_match(ev: Evidence) -> int | None:

@@ -21,6 +21,8 @@ CONFIG_KEYS = {
     "lm_head": ["lm_head dtype (fp32 lm_head)", "final_logit_softcapping", "tie_word_embeddings", "vocab padding"],
     "logits": ["lm_head dtype (fp32 lm_head)", "final_logit_softcapping", "logits processor scale", "tie_word_embeddings"],
     "embed": ["embedding scale (e.g. sqrt(hidden) in Gemma)", "vocab padding", "tie_word_embeddings"],
+    "experts": ["norm_topk_prob (renormalize)", "scoring_func", "num_experts_per_tok", "routed_scaling_factor",
+                "hidden_act"],
 }
 
 
@@ -88,6 +90,13 @@ def _for_category(f: dict, vocab: Vocabulary) -> tuple[list[dict], list[str]]:
                   "(e.g. a check_weight_update_equal step) before generating.",
                   "Rerun the rollout with weights loaded straight from the checkpoint (no sync): if the "
                   "divergence disappears the sync path is at fault."]
+        if f.get("evidence", {}).get("parameters_unobserved"):
+            # Inferred from the size of the error, not seen: the module's math is the other explanation.
+            hyps.append(_h(f"A configuration value used inside {t or r} differs between the engines ({keys}).",
+                           "the two configs differ in one of these keys, and recomputing with the other value "
+                           "reproduces the other side", "all these keys agree"))
+            checks.append("Rerun with --model <checkpoint dir>: the reference forward holds each side to the "
+                          "checkpoint and names the side that departs.")
         return hyps, checks
     if cat == "missing_or_extra_op_between_aligned_boundary":
         op = f.get("op_module") or "the one-sided module"

@@ -61,3 +61,23 @@ def precision_note(ev: Evidence) -> str | None:
             f"replayed from each side's router logits picks the same experts with the same weights"
             + (f" except {flips} of {tokens} token-layers that flip at near-ties" if flips else "")
             + ": the experts differ by how they accumulate and round, within the dtype's precision")
+
+
+def replayed_experts(ev: Evidence, side: str, dep: dict) -> str | None:
+    """A note when ``side`` leaves the reference forward at a layer whose experts' output the
+    routing replay rebuilt from that side's own input and router logits with the checkpoint's
+    experts (output_3 routing records with ``expert_weights: "checkpoint"``) at the reference's
+    routing config: the experts compute the checkpoint's function there, so the departure is what
+    the forward carried into them (the reference runs its own stream, and bf16 drift or a near-tie
+    of another token can move an experts' output past the tolerance), not a cause. None otherwise."""
+    if not str(dep.get("point") or "").endswith("experts_out") or dep.get("layer") is None:
+        return None
+    recs = [r for r in ev.compare.get("replays") or [] if r.get("op") == "routing" and r.get("side") == side
+            and r.get("layer") == dep["layer"] and r.get("expert_weights") == "checkpoint"]
+    if not recs or not all(r.get("reproduces_reference") is True for r in recs):
+        return None
+    worst = max(r["residual_at_reference"] for r in recs)
+    return (f"the {side} side leaves the reference forward at {dep['point']} (error {dep['error']:.3g}), but its "
+            f"experts' output there is rebuilt from its own input and router logits by the checkpoint's experts "
+            f"at the checkpoint's routing config (residual {worst:.2g}): the experts compute what the checkpoint "
+            f"says, and the departure is carried in, not made there")

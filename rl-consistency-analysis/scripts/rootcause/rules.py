@@ -54,6 +54,10 @@ UNCORRELATED_ERROR = 0.3
 # equal within the comparison's tolerance) are correlated however large the error: a scale, not a
 # different weight.
 SCALE_COSINE = 0.95
+# Relative output error from which two full-precision (fp32/fp64) outputs of one input are not any
+# rounding the engines could have done inside (analysis_rules.md, "A hidden weight in full
+# precision"): past bf16 compute (tolerance 0.03) by three times, at fp8 rounding's size.
+FULL_PRECISION_FAR = 0.1
 
 # Order matters: the first row whose condition holds decides the category.
 RULES = (
@@ -70,6 +74,10 @@ RULES = (
     Rule("unobserved_weight_uncorrelated", "parameter_or_checkpoint_issue", 0.7,
          lambda s: s.origin and s.parameters_unobserved and s.uncorrelated,
          "one side's weights are not in the dump and the outputs are uncorrelated: a weight difference leads"),
+    Rule("unobserved_weight_full_precision", "parameter_or_checkpoint_issue", 0.6,
+         lambda s: s.origin and s.parameters_unobserved and s.holds_weights and s.full_precision_far,
+         "a module that holds weights, one side's not in the dump, its compared inputs agree in full precision "
+         "and its outputs differ far past any rounding: a weight difference is more likely than a kernel"),
     Rule("origin_in_module", "in_module_impl_difference", 0.8, lambda s: s.origin,
          "inputs and parameters agree, the output differs"),
     Rule("extra_op_between", "missing_or_extra_op_between_aligned_boundary", 0.75,

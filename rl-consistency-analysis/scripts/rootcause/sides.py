@@ -135,8 +135,18 @@ def _param_results(ev: Evidence, m: dict) -> list[dict]:
     return [ev.results[p["cid"]] for p in m["points"]["param"] if p.get("cid") in ev.results]
 
 
+def unpaired_parameters(ev: Evidence, m: dict, side: str) -> list[dict]:
+    """The reference checks of ``m``'s parameters that only ``side`` dumps (output_3
+    ``reference.<side>.unpaired_parameters``: vLLM 0.32 shows no expert weight, transformers does)."""
+    own = {p["point"] for p in m["points"]["param"] if p.get("cid") not in ev.results}
+    recs = ((ev.compare.get("reference") or {}).get(side) or {}).get("unpaired_parameters") or []
+    return [r for r in recs if r["point"] in own and r.get("module") in m[f"{side}_modules"]]
+
+
 def parameter_evidence(ev: Evidence, m: dict) -> list[dict]:
-    """One ``reference_parameters`` record per parameter of ``m`` that the reference judged."""
+    """One ``reference_parameters`` record per parameter of ``m`` that the reference judged (a
+    parameter one side alone dumps has that side's record only)."""
+    keys = ("matches_reference", "how", "exact", "layout", "detail", "checkpoint_tensors")
     out = []
     for r in _param_results(ev, m):
         ref = r.get("reference") or {}
@@ -146,9 +156,11 @@ def parameter_evidence(ev: Evidence, m: dict) -> list[dict]:
         for side in SIDES:
             s = ref.get(side)
             if s:
-                rec[side] = {k: s.get(k) for k in ("matches_reference", "how", "exact", "layout", "detail",
-                                                   "checkpoint_tensors")}
+                rec[side] = {k: s.get(k) for k in keys}
         out.append(rec)
+    for side in SIDES:
+        out += [{"kind": "reference_parameters", "point": u["point"], side: {k: u.get(k) for k in keys}}
+                for u in unpaired_parameters(ev, m, side)]
     return out
 
 

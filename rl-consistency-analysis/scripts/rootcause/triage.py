@@ -14,6 +14,7 @@ from . import credence, departures, hypotheses, moe, rules, sibling, sides
 from .evidence import Evidence
 
 FUSED_KINDS = ("composite", "by_design_difference", "cross_role")
+FULL_DTYPES = {"float32", "float64"}
 PRECISION_SPREAD = 0.5       # share of compared tensors with differing dtypes that means "a whole side"
 REALIGN_WINDOW = 3           # aligned modules after a suspect that are checked for realignment
 # The note of a run whose activations were all only bounded (the compare skill's bounds.py).
@@ -202,6 +203,28 @@ class Suspect:
         diverged = [r for r in _results(self.ev, self.m, "out") if r["status"] in self.ev.vocab.diverged]
         return not any(_scaled_copy(r) for r in diverged)
 
+    @property
+    def holds_weights(self) -> bool:
+        """The mapping knows the pair's modules hold weights (a Linear, experts), seen or not."""
+        return bool(self.m["points"]["param"])
+
+    @cached_property
+    def full_precision_far(self) -> bool:
+        """Compared inputs agree, every compared input and output is fp32/fp64 on both sides, and the
+        output error is at least rules.FULL_PRECISION_FAR, not one output times a constant."""
+        if self.inputs_inferred or self.m["input_status"] not in self.ev.vocab.clean:
+            return False
+        if (self.output_error or 0.0) < rules.FULL_PRECISION_FAR:
+            return False
+        key = sibling.load_dtypes(sibling.SKILL_ROOT).dtype_key
+        seen = [_results(self.ev, self.m, io) for io in ("in", "out")]
+        dtypes = {key(d) for rs in seen for r in rs for side in ("train", "rollout")
+                  for d in (r.get(side) or {}).get("dtypes") or []}
+        if not seen[0] or not dtypes or not dtypes <= FULL_DTYPES:
+            return False
+        diverged = [r for r in seen[1] if r["status"] in self.ev.vocab.diverged]
+        return not any(_scaled_copy(r) for r in diverged)
+
     @cached_property
     def between(self) -> list[dict]:
         """The one-sided modules between the boundary and the suspect (output_4 ``one_sided_between``)."""
@@ -388,6 +411,19 @@ def _decide_unobserved_weight(s: Suspect, f: dict, ev_info: dict) -> sides.Struc
                                   f"weight with the checkpoint")
 
 
+def _decide_unobserved_full_precision(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
+    ev_info["parameters_unobserved"] = True
+    ev_info["weight_visible"] = False
+    return sides.Structural(None, f"one side does not show this module's weights, its inputs agree in full "
+                                  f"precision and its outputs differ by {s.output_error:.3g} relative, past what "
+                                  f"fp32, bf16 or fp8 rounding inside the module gives "
+                                  f"({rules.FULL_PRECISION_FAR}): a weight difference (a stale or wrongly "
+                                  f"converted copy) leads over a kernel difference; a configuration that changes "
+                                  f"the module's math (a routing normalisation, an activation) is the other "
+                                  f"explanation. Which side the dumps cannot say: rerun with --model <checkpoint> "
+                                  f"or compare each side's weights with the checkpoint")
+
+
 def _decide_origin(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     if s.parameters_unobserved:
         ev_info["parameters_uncompared"] = True
@@ -504,6 +540,7 @@ _DECIDE = {
     "precision_boundary": _decide_precision,
     "extra_op_before_observer": _decide_op_before_observer,
     "unobserved_weight_uncorrelated": _decide_unobserved_weight,
+    "unobserved_weight_full_precision": _decide_unobserved_full_precision,
     "origin_in_module": _decide_origin,
     "routing_differs": _decide_routing,
     "extra_op_between": _decide_op_between,

@@ -97,6 +97,7 @@ class _Side:
         # on the routing config (only the router's logits are known: the top-k sets still are)
         self.residual = residual
         self.observed = None                # (idx, weights) the side dumped, when it did
+        self.weights_from = None            # "checkpoint": the dump holds no expert weight (vLLM 0.32)
 
 
 def _hf_router(rec, leaves, view, bias):
@@ -126,6 +127,47 @@ def _fused_experts(rec, leaves, view, act, bias):
     w13, w2 = get("parameters.w13_weight"), get("parameters.w2_weight")
     if any(a is None for a in (x, logits, out, w13, w2)) or any(lf.merge for lf in leaves.values()):
         return None                          # merged TP ranks hold partial sums: not replayed
+    return _experts_side(rec, x, logits, out, w13, w2, act, bias, dtype_key(leaves["output.0"].dtype),
+                         dtype_key(leaves["input_kwargs.router_logits"].dtype))
+
+
+def checkpoint_experts(ref, layer: int, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]) of ``layer`` as the checkpoint holds
+    them, rounded to ``dtype``; None when the checkpoint names no experts there."""
+    from ..reference import expert_layouts, expert_names
+    out = []
+    for part in ("gate_up", "down"):
+        point = f"L{layer}.experts.{part}.weight"
+        names = expert_names(ref, point)
+        if not names:
+            return None
+        arrays = [to_dtype(ref.checkpoint.read(n), dtype) for n in names]
+        out.append(dict(expert_layouts(arrays, point, None, []))["stacked per expert"])
+    return out[0], out[1]
+
+
+def _runner_experts(router, experts, view, act, bias, ref, layer):
+    """vLLM 0.32 (a GateLinear router, a MoERunner that holds no expert weight in any dump entry):
+    the runner's own input and output, the router's logits, and the experts as the checkpoint
+    (``--model``) holds them. A fit then tests the routing keys and the side's expert weights
+    together: a config that reproduces the output also says those weights are the checkpoint's."""
+    rleaves, eleaves = router[1], experts[1]
+    x_leaf, y_leaf, l_leaf = eleaves.get("input_kwargs.hidden_states"), eleaves.get("output.0"), rleaves.get("output.0")
+    if ref is None or None in (x_leaf, y_leaf, l_leaf) or any(lf.merge for lf in (x_leaf, y_leaf, l_leaf)):
+        return None
+    x, y, logits = (leaf_array(view, lf) for lf in (x_leaf, y_leaf, l_leaf))
+    dtype = dtype_key(y_leaf.dtype)
+    weights = checkpoint_experts(ref, layer, dtype) if x is not None and y is not None and logits is not None else None
+    if weights is None or weights[0].shape[0] != logits.shape[-1] or weights[0].shape[-1] != x.shape[-1]:
+        return None
+    side = _experts_side(router[0], x, logits, y, *weights, act, bias, dtype, dtype_key(l_leaf.dtype))
+    side.weights_from = "checkpoint"
+    return side
+
+
+def _experts_side(rec, x, logits, out, w13, w2, act, bias, dtype, logits_dtype):
+    """A side whose experts' output can be rebuilt: its input ``x``, router ``logits``, output ``out``
+    and the experts' weights (its own, or the checkpoint's)."""
     # top-k is not known yet: 8, the most today's MoE models route to
     rows = max(1, min(MAX_TOKENS, FUSED_BUDGET // max(1, 8 * (w13[0].size + w2[0].size))))
     logits = logits.reshape(-1, logits.shape[-1])[:rows].astype(np.float64)
@@ -133,7 +175,7 @@ def _fused_experts(rec, leaves, view, act, bias):
     x = x.reshape(-1, x.shape[-1])[:n].astype(np.float64)
     y = out.reshape(-1, out.shape[-1])[:n].astype(np.float64)
     w13, w2 = w13.astype(np.float64), w2.astype(np.float64)
-    inter, dtype, cache = w13.shape[1] // 2, dtype_key(leaves["output.0"].dtype), {}
+    inter, cache = w13.shape[1] // 2, {}
 
     def expert_out(e, rows):
         key = (e, rows.tobytes())
@@ -149,7 +191,7 @@ def _fused_experts(rec, leaves, view, act, bias):
             rows, slot = np.nonzero(idx == e)
             z[rows] += expert_out(int(e), rows) * w[rows, slot, None]
         return rel_error(to_dtype(z, dtype).astype(np.float64), y)
-    return _Side(None, rec, logits, dtype_key(leaves["input_kwargs.router_logits"].dtype), residual)
+    return _Side(None, rec, logits, logits_dtype, residual)
 
 
 def _router_logits(rec, leaves, view, experts: int | None):
@@ -246,15 +288,17 @@ def _bias(found, view):
     return None if a is None else a.astype(np.float64).reshape(-1)
 
 
-def _side_routing(found, view, config):
+def _side_routing(found, view, config, ref, layer):
     act = ACT_NAMES.get(str(config.get("hidden_act", "silu")), "silu")
     bias = _bias(found, view)
     router, experts = found.get("router"), found.get("experts")
     side = None
     if router is not None and "output.2" in router[1]:
         side = _hf_router(*router, view, bias)
-    elif experts is not None and "input_kwargs.router_logits" in experts[1]:
+    elif experts is not None and "parameters.w13_weight" in experts[1]:
         side = _fused_experts(*experts, view, act, bias)
+    elif experts is not None and router is not None:
+        side = _runner_experts(router, experts, view, act, bias, ref, layer)
     if side is None and router is not None and "output.2" not in router[1]:
         side = _router_logits(*router, view, config.get("num_experts") or config.get("num_local_experts"))
     if side is not None:
@@ -270,7 +314,7 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
         configs[side] = refs[side].config if refs.get(side) else {}
         for layer, mods in _by_layer(recs, views, side).items():
             try:
-                s, bias = _side_routing(mods, views[side], configs[side])
+                s, bias = _side_routing(mods, views[side], configs[side], refs.get(side), layer)
             except (ValueError, IndexError):
                 s = None                     # tensors that do not fit the layout: not replayed
             if s is not None:
@@ -290,7 +334,7 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
             for r in records:
                 out.append({"side": side, "module": mod.path, "class": mod.cls, "role": mod.role, "layer": layer,
                             "op": "routing", "router_module": s.router.path if s.router else None,
-                            "dtype": s.dtype, **r})
+                            "dtype": s.dtype, **r, **({"expert_weights": s.weights_from} if s.weights_from else {})})
             per_side.setdefault(layer, {})[side] = (s, s.observed or route(s.logits, behaves, bias), behaves)
     for layer, sides in sorted(per_side.items()):
         if len(sides) < 2:
