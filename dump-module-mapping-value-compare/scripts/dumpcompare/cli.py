@@ -16,6 +16,7 @@ from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
 from .compare import Executor, SideView
 from .errors import InputError
+from .gcpause import collector_paused
 from .loaders import FORMATS
 from .loaders.assembly import assemble_sides
 from .loaders.inputs import plan_inputs, survey
@@ -23,7 +24,7 @@ from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
 from .plan import MappingPlan
 from .naming import Namer, load_profiles
-from .outputs import COMPARE_OUTPUTS, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale, write_atomic, write_csv, write_json
+from .outputs import COMPARE_OUTPUTS, OUTPUT_4_SCHEMA_VERSION, clean_view, remove_stale, write_atomic, write_csv, write_json
 from .safetext import visible
 from .tolerances import load_tolerances
 
@@ -141,9 +142,14 @@ class _Compared:
     forward: dict | None
 
 
+@collector_paused()
 def run(args: argparse.Namespace) -> dict:
     """Run the whole pipeline; returns the output_4 document. Each phase returns a new value;
-    the documents are built once from the finished values."""
+    the documents are built once from the finished values.
+
+    The cyclic collector is paused throughout (gcpause.py): every full collection walks the loaded
+    dumps, the results and the documents, and a run over many modules spent a fifth of its time
+    in them; reference counting frees what the pipeline drops."""
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out-dir exists and is not a folder")
@@ -266,7 +272,7 @@ def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", docs["doc4"], OUTPUT_4_SCHEMA_VERSION)
     write_atomic(out / "output_4_module_analysis.md", md4)
-    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(docs["doc3"]), clean(docs["doc4"]), docs["sources"]))
+    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean_view(docs["doc3"]), clean_view(docs["doc4"]), docs["sources"]))
     # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
     remove_stale(out, COMPARE_OUTPUTS)
     say("done")
