@@ -125,7 +125,7 @@ class _Setup:
 class _Loaded:
     """Both sides read and named."""
     inputs: object
-    dumps: dict
+    dumps: dict | None       # None once the comparisons have read them (run)
     families: dict
     recs: dict
     layouts: dict
@@ -156,7 +156,11 @@ def run(args: argparse.Namespace) -> dict:
     setup = _setup(args)
     loaded = _load(args, setup)
     compared = _compare(args, setup, loaded)
-    docs = _documents(setup, loaded, compared)
+    sources = _sources(loaded)
+    # The documents need what was read (sources), not the dumps' values: dropped here, the loaded
+    # entries (a few times the input) are not held while the documents are built and written.
+    loaded = replace(loaded, dumps=None)
+    docs = _documents(setup, loaded, compared, sources)
     _write(out, docs, loaded.say)
     if not args.quiet:
         try:
@@ -232,12 +236,18 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
     return _Compared(plan, results, replays, fit, forward)
 
 
-def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared) -> dict:
-    """output_1..4 (JSON and their CSV/markdown views) and the sources record."""
-    recs, plan, results, refs = loaded.recs, compared.plan, compared.results, setup.refs
+def _sources(loaded: _Loaded) -> dict:
+    """output_1 ``sources``: what was read on each side, and the input plan."""
     sources = {s: D.source_info(loaded.dumps[s], loaded.families[s], loaded.inputs.side(s), loaded.layouts[s])
                for s in loaded.dumps}
-    sources["input_plan"] = plan_doc = loaded.inputs.to_json()
+    sources["input_plan"] = loaded.inputs.to_json()
+    return sources
+
+
+def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared, sources: dict) -> dict:
+    """output_1..4 (JSON and their CSV/markdown views) and the sources record."""
+    recs, plan, results, refs = loaded.recs, compared.plan, compared.results, setup.refs
+    plan_doc = sources["input_plan"]
     partial = any(sources[s]["partial"] for s in SIDES)
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     doc1, view1 = D.output_1(sources, recs)

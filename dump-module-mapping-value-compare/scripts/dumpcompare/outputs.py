@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,18 +251,19 @@ def _cell(v: Any) -> Any:
 
 
 class _CleanView(Mapping):
-    """A dataclass read as the dict clean() makes of it, each field cleaned when it is read: the
-    HTML report reads a few fields of every result and module, and a cleaned copy of them all
-    was as large as the results themselves."""
+    """A record (a dataclass or a dict) read as the dict clean() makes of it, each field cleaned
+    when it is read: the HTML report reads a few fields of every result and module, and a cleaned
+    copy of them all was as large as the results themselves."""
     __slots__ = ("_obj", "_names")
 
-    def __init__(self, obj: Any, names: tuple[str, ...]):
+    def __init__(self, obj: Any, names: Collection[str]):
         self._obj, self._names = obj, names
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._names:
             raise KeyError(name)
-        return clean(getattr(self._obj, name))
+        obj = self._obj
+        return clean(obj[name] if type(obj) is dict else getattr(obj, name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -272,13 +273,20 @@ class _CleanView(Mapping):
 
 
 def clean_view(obj: Any) -> Any:
-    """clean() whose dataclasses are left as read-only mappings cleaned on access (_CleanView):
+    """clean() whose list items are left as read-only mappings cleaned on access (_CleanView):
     what a reader of a few fields (htmlreport.render) gets, without a cleaned copy of every record."""
     t = type(obj)
     if t is dict:
         return {k if type(k) is str else str(k): clean_view(v) for k, v in obj.items()}
     if t is list or t is tuple or t is Records:
-        return [clean_view(v) for v in obj]
+        return [_item_view(v) for v in obj]
+    return clean(obj)
+
+
+def _item_view(obj: Any) -> Any:
+    t = type(obj)
+    if t is dict and all(type(k) is str for k in obj):
+        return _CleanView(obj, obj)
     names = _written(t)
     return clean(obj) if names is None else _CleanView(obj, names)
 
