@@ -3,9 +3,10 @@ output_4's markdown starting with what an agent needs first."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 from compare.test_compare_support import OUTPUT_JSON, synth_dirs  # noqa: F401 (fixture)
-from dumpcompare import outputs
+from dumpcompare import htmlreport, outputs
 from synth import faults as F
 
 
@@ -47,3 +48,39 @@ def test_outputs_are_indented_and_markdown_starts_with_the_finding(synth_dirs):
         for i, m in enumerate(top[:5], 1)]
     assert "model.layers.2.mlp.gate_up_proj" in lines[4]
     assert md.index("**Top candidates**") < md.index("| rank | pair |")
+
+
+@dataclass
+class _Record:
+    cid: str
+    error: float | None
+    parts: tuple
+    hidden: str = field(default="x", metadata={"written": False})
+
+
+def test_large_outputs_are_written_record_by_record_as_one_pass_would_write_them(tmp_path, monkeypatch):
+    """The streamed compact form is json.dumps's text of the cleaned document: a NaN in one record
+    is written as "NaN" there, lazy Records are lists, unwritten fields stay out."""
+    monkeypatch.setattr(outputs, "INDENT_MAX_CHARS", 100)
+    recs = [_Record(f"c{i}", i / 3 if i != 7 else float("nan"), (i, "ü\u202e")) for i in range(40)]
+    doc = {"results": recs, "rows": outputs.Records(lambda r: {"cid": r.cid, "e": r.error}, recs),
+           "empty": [], "none": {}, "summary": {"inf": float("-inf"), "n": 3}, "top": float("nan")}
+    outputs.write_json(tmp_path / "big.json", doc)
+    text = (tmp_path / "big.json").read_text(encoding="utf-8")
+    body = {"schema_version": outputs.SCHEMA_VERSION, **doc, "rows": list(doc["rows"])}
+    assert text == json.dumps(outputs.clean(body), ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+    back = json.loads(text)
+    assert back["results"][7] == {"cid": "c7", "error": "NaN", "parts": [7, "ü\u202e"]}
+    assert back["results"][6]["error"] == 2.0 and back["rows"][7] == {"cid": "c7", "e": "NaN"}
+    assert back["summary"] == {"inf": "-Infinity", "n": 3} and back["top"] == "NaN"
+
+
+def test_the_report_reads_the_results_as_the_written_outputs_hold_them(synth_dirs):
+    """report.html of a run is the page the written output_3/output_4 give (what the root-cause
+    skill renders from): the lazily cleaned views read as the cleaned documents."""
+    out, _, _ = synth_dirs(layers=4, faults=[F.CorruptWeight("rollout", "gate", 2)])
+    doc3, doc4, doc1 = (json.loads((out.dir / n).read_text()) for n in (
+        "output_3_value_compare.json", "output_4_module_analysis.json", "output_1_key_mapping.json"))
+    assert any(r["status"] not in ("match", "drift") for r in doc3["results"])
+    page = (out.dir / htmlreport.REPORT).read_text(encoding="utf-8")
+    assert page == htmlreport.render(doc3, doc4, doc1["sources"])

@@ -8,22 +8,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, TextIO
 
 # Read once (os.umask can only be read by setting it): the mode mkstemp's 0600 is widened to.
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8, newlines as given) to ``path`` through a temporary file in the same
-    folder, replaced into place; the temporary file is removed when anything fails."""
+@contextmanager
+def open_text(path: Path) -> Iterator[TextIO]:
+    """A text file (UTF-8, newlines as given) to write ``path`` through, piece by piece: it is a
+    temporary file in the same folder, replaced into place when the block ends and removed when
+    anything fails, so a large output is never held whole in memory nor seen half-written."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         # Names read from damaged files can hold lone surrogates; write them as escapes.
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as fh:
-            fh.write(text)
+            yield fh
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
@@ -32,4 +36,11 @@ def write_text(path: Path, text: str) -> Path:
         except OSError:
             pass
         raise
-    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8, newlines as given) to ``path`` through a temporary file in the same
+    folder, replaced into place; the temporary file is removed when anything fails."""
+    with open_text(path) as fh:
+        fh.write(text)
+    return Path(path)

@@ -16,6 +16,7 @@ from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
 from .compare import Executor, SideView
 from .errors import InputError
+from .gcpause import collector_paused
 from .loaders import FORMATS
 from .loaders.assembly import assemble_sides
 from .loaders.inputs import plan_inputs, survey
@@ -23,7 +24,7 @@ from .loaders.parallel import default_jobs, input_size
 from .mapping import build_plan
 from .plan import MappingPlan
 from .naming import Namer, load_profiles
-from .outputs import (COMPARE_OUTPUTS, OUTPUT_3_SCHEMA_VERSION, OUTPUT_4_SCHEMA_VERSION, clean, remove_stale,
+from .outputs import (COMPARE_OUTPUTS, OUTPUT_3_SCHEMA_VERSION, OUTPUT_4_SCHEMA_VERSION, clean_view, remove_stale,
                       write_atomic, write_csv, write_json)
 from .safetext import visible
 from .tolerances import load_tolerances
@@ -125,7 +126,7 @@ class _Setup:
 class _Loaded:
     """Both sides read and named."""
     inputs: object
-    dumps: dict
+    dumps: dict | None       # None once the comparisons have read them (run)
     families: dict
     recs: dict
     layouts: dict
@@ -143,16 +144,25 @@ class _Compared:
     unpaired: dict          # side -> its parameters no comparison planned, against the checkpoint
 
 
+@collector_paused()
 def run(args: argparse.Namespace) -> dict:
     """Run the whole pipeline; returns the output_4 document. Each phase returns a new value;
-    the documents are built once from the finished values."""
+    the documents are built once from the finished values.
+
+    The cyclic collector is paused throughout (gcpause.py): every full collection walks the loaded
+    dumps, the results and the documents, and a run over many modules spent a fifth of its time
+    in them; reference counting frees what the pipeline drops."""
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out-dir exists and is not a folder")
     setup = _setup(args)
     loaded = _load(args, setup)
     compared = _compare(args, setup, loaded)
-    docs = _documents(setup, loaded, compared)
+    sources = _sources(loaded)
+    # The documents need what was read (sources), not the dumps' values: dropped here, the loaded
+    # entries (a few times the input) are not held while the documents are built and written.
+    loaded = replace(loaded, dumps=None)
+    docs = _documents(setup, loaded, compared, sources)
     _write(out, docs, loaded.say)
     if not args.quiet:
         try:
@@ -230,12 +240,18 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
     return _Compared(plan, results, replays, fit, forward, unpaired)
 
 
-def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared) -> dict:
-    """output_1..4 (JSON and their CSV/markdown views) and the sources record."""
-    recs, plan, results, refs = loaded.recs, compared.plan, compared.results, setup.refs
+def _sources(loaded: _Loaded) -> dict:
+    """output_1 ``sources``: what was read on each side, and the input plan."""
     sources = {s: D.source_info(loaded.dumps[s], loaded.families[s], loaded.inputs.side(s), loaded.layouts[s])
                for s in loaded.dumps}
-    sources["input_plan"] = plan_doc = loaded.inputs.to_json()
+    sources["input_plan"] = loaded.inputs.to_json()
+    return sources
+
+
+def _documents(setup: _Setup, loaded: _Loaded, compared: _Compared, sources: dict) -> dict:
+    """output_1..4 (JSON and their CSV/markdown views) and the sources record."""
+    recs, plan, results, refs = loaded.recs, compared.plan, compared.results, setup.refs
+    plan_doc = sources["input_plan"]
     partial = any(sources[s]["partial"] for s in SIDES)
     verdicts, first = analyse(plan, results, recs["train"], recs["rollout"])
     doc1, view1 = D.output_1(sources, recs)
@@ -271,7 +287,7 @@ def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", docs["doc4"], OUTPUT_4_SCHEMA_VERSION)
     write_atomic(out / "output_4_module_analysis.md", md4)
-    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean(docs["doc3"]), clean(docs["doc4"]), docs["sources"]))
+    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean_view(docs["doc3"]), clean_view(docs["doc4"]), docs["sources"]))
     # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
     remove_stale(out, COMPARE_OUTPUTS)
     say("done")

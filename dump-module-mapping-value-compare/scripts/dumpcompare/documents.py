@@ -10,7 +10,7 @@ from .compare.logprob import LOGITS_POINT
 from .plan import MappingPlan
 from .points import is_parameter_name
 from .naming import ModuleRecord
-from .outputs import fmt
+from .outputs import Records, fmt
 from .records import BACKWARD, FORWARD, PARAM_GRAD, Dump
 from .safetext import markdown
 from .tolerances import BOUNDED, CLEAN
@@ -58,16 +58,15 @@ def record_row(r: ModuleRecord) -> dict:
 
 
 def output_1(sources: dict, recs: dict[str, list[ModuleRecord]]) -> tuple[dict, list]:
-    """Key mapping: every entry of each side, parsed and normalised."""
+    """Key mapping: every entry of each side, parsed and normalised (records and rows are made as
+    they are written)."""
     doc = {"sources": sources}
-    rows = []
     for side, rs in recs.items():
-        doc[side] = [record_row(r) for r in rs]
+        doc[side] = Records(record_row, rs)
         doc[f"{side}_unexplained"] = [r.key for r in rs if r.role is None and r.kind == "module"]
         doc[f"{side}_counts"] = dict(Counter(f"{r.kind}:{r.direction}" for r in rs))
-        for r in rs:
-            rows.append([side, r.index, r.key, r.kind, r.direction, r.path, r.cls, r.call, r.calls, r.layer,
-                         r.block, r.role or "", r.family, r.parts, r.is_wrapper])
+    rows = ([side, r.index, r.key, r.kind, r.direction, r.path, r.cls, r.call, r.calls, r.layer,
+             r.block, r.role or "", r.family, r.parts, r.is_wrapper] for side, rs in recs.items() for r in rs)
     header = ["side", "index", "key", "kind", "direction", "path", "class", "call", "calls", "layer", "block",
               "role", "family", "fused_parts", "is_wrapper"]
     return doc, [header, rows]
@@ -129,15 +128,17 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
     one_sided = [{**_one_sided_record(o, recs[o.side][o.rec]),
                   "points": {io: [p.point for p in recs[o.side][o.rec].ports if p.io == io]
                              for io in ("in", "out", "param")}} for o in plan.one_sided]
-    comps = [{"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
-              "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
-              "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf} for x in c.rollout],
-              "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair,
-              "stitched": c.stitched,
-              "heads": [{"what": what, "side": s, "key": recs[s][x.rec].key, "leaf": x.leaf} for what, s, x in c.heads]}
-             for c in plan.comparisons]
-    doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided, "comparisons": comps,
-           "unmatched_points": plan.unmatched_points}
+    def comparison(c) -> dict:
+        return {"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
+                "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
+                "rollout": [{"key": rollout[x.rec].key, "module": rollout[x.rec].path, "leaf": x.leaf}
+                            for x in c.rollout],
+                "train_layout": c.train_layout, "rollout_layout": c.rollout_layout, "pair": c.pair,
+                "stitched": c.stitched,
+                "heads": [{"what": what, "side": s, "key": recs[s][x.rec].key, "leaf": x.leaf}
+                          for what, s, x in c.heads]}
+    doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided,
+           "comparisons": Records(comparison, plan.comparisons), "unmatched_points": plan.unmatched_points}
     header = ["pair_id", "kind", "layer", "block", "role", "train_modules", "rollout_modules", "expected", "note"]
     rows = [[p["pair_id"], p["kind"], p["layer"], p["block"], p["role"], p["train_modules"],
              p["rollout_modules"], "", p["note"] or ""] for p in pairs]
@@ -165,18 +166,20 @@ def output_3(results: list[Result], tolerances: dict, mode: str, reference: dict
               "norm_diff", "norm_rel", "cosine", "rel_l2", "max_abs", "frac_within_tol", "first_token_past_tol",
               "calls_compared", "calls_diverged", "first_diverged_call", "train_matches_reference",
               "rollout_matches_reference", "reason"]
-    rows = []
-    for r in results:
-        se, tm, calls = r.stat_errors or {}, r.tensor_metrics or {}, r.calls or {}
-        counts = calls.get("counts", {})
-        rows.append([r.cid, r.point, r.kind, r.mode, r.status, r.error, r.tolerance, r.train["modules"],
-                     r.rollout["modules"], r.train["dtypes"], r.rollout["dtypes"], r.train["shapes"],
-                     r.rollout["shapes"], se.get("max_diff"), se.get("min_diff"), se.get("mean_diff"),
-                     se.get("norm_diff"), se.get("norm_rel"), tm.get("cosine"), tm.get("rel_l2"),
-                     tm.get("max_abs"), tm.get("frac_within_tol"), tm.get("first_token_past_tol"),
-                     calls.get("compared", 1), counts.get("mismatch", 0) + counts.get("nonfinite", 0) if calls else "",
-                     calls.get("first_diverged", ""), *_ref_cells(r.reference), r.reason or ";".join(r.notes)])
-    return doc, [header, rows]
+    return doc, [header, map(_row_3, results)]
+
+
+def _row_3(r: Result) -> list:
+    """output_3's CSV row of one result."""
+    se, tm, calls = r.stat_errors or {}, r.tensor_metrics or {}, r.calls or {}
+    counts = calls.get("counts", {})
+    return [r.cid, r.point, r.kind, r.mode, r.status, r.error, r.tolerance, r.train["modules"],
+            r.rollout["modules"], r.train["dtypes"], r.rollout["dtypes"], r.train["shapes"],
+            r.rollout["shapes"], se.get("max_diff"), se.get("min_diff"), se.get("mean_diff"),
+            se.get("norm_diff"), se.get("norm_rel"), tm.get("cosine"), tm.get("rel_l2"),
+            tm.get("max_abs"), tm.get("frac_within_tol"), tm.get("first_token_past_tol"),
+            calls.get("compared", 1), counts.get("mismatch", 0) + counts.get("nonfinite", 0) if calls else "",
+            calls.get("first_diverged", ""), *_ref_cells(r.reference), r.reason or ";".join(r.notes)]
 
 
 def logits_view(results: list[Result]) -> dict | None:

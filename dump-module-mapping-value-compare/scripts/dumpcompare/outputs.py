@@ -7,9 +7,9 @@ touched.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,21 @@ INDENT_MAX_CHARS = 2 << 20
 
 # Exact types clean() returns unchanged.
 _KEPT = frozenset((str, int, bool, type(None)))
+
+
+class Records:
+    """A list of output records made one at a time as it is read (written as a JSON list): a
+    record made only to be written is then never held with all the others."""
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make: Callable[[Any], Any], items: Sequence):
+        self._make, self._items = make, items
+
+    def __iter__(self) -> Iterator:
+        return map(self._make, self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 def clean(obj: Any) -> Any:
@@ -74,7 +89,7 @@ def _clean_subclass(obj: Any) -> Any:
         return obj
     if isinstance(obj, dict):
         return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, Records)):
         return [clean(v) for v in obj]
     return obj
 
@@ -119,7 +134,9 @@ def _record(obj: Any) -> dict | None:
     return None if names is None else {name: getattr(obj, name) for name in names}
 
 
-def _fields(obj: Any) -> dict:
+def _fields(obj: Any) -> dict | list:
+    if type(obj) is Records:
+        return list(obj)
     record = _record(obj)
     if record is None:
         raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
@@ -134,32 +151,92 @@ def _encode(body: dict, **opts) -> str:
         return json.dumps(clean(body), ensure_ascii=False, allow_nan=False, **opts)
 
 
+_COMPACT = json.JSONEncoder(default=_fields, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_COMPACT_CLEANED = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _compact(obj: Any) -> str:
+    """Compact JSON of one value; only a value holding NaN/Infinity goes through clean()."""
+    try:
+        return _COMPACT.encode(obj)
+    except ValueError:
+        return _COMPACT_CLEANED.encode(clean(obj))
+
+
+def _pieces(obj: Any, depth: int) -> Iterator[str]:
+    """The compact JSON of ``obj`` (the text json.dumps gives with separators (",", ":")) in
+    pieces: the members of a dict and the items of a list ``depth`` levels down are each encoded
+    alone, so the text is never whole in memory and a NaN in one record sends that record alone,
+    not the whole document, through clean()."""
+    t = type(obj)
+    if depth and t is dict and all(type(k) is str for k in obj):
+        sep = "{"
+        for k, v in obj.items():
+            yield sep + _COMPACT.encode(k) + ":"
+            yield from _pieces(v, depth - 1)
+            sep = ","
+        yield "{}" if sep == "{" else "}"
+    elif depth and (t is list or t is tuple or t is Records):
+        sep = "["
+        for v in obj:
+            yield sep
+            yield from _pieces(v, depth - 1)
+            sep = ","
+        yield "[]" if sep == "[" else "]"
+    else:
+        yield _compact(obj)
+
+
 def write_json(path: Path, doc: dict, version: str = SCHEMA_VERSION) -> None:
     """Write a JSON document with ``schema_version`` (``version``) first: indented when small,
     compact when large.
 
     Indentation makes a file an agent reads whole readable; above INDENT_MAX_CHARS nobody reads it
     whole, it grows by about 40% and takes 3-7x longer to encode (indentation leaves the C encoder),
-    so it stays one line (measurements in references/output_schemas.md).
+    so it stays one line (measurements in references/output_schemas.md). The compact form is
+    written record by record as it is encoded (the text of a large output is never held whole);
+    a document that turns out small is then written again, indented.
     """
     body = {"schema_version": version, **{k: v for k, v in doc.items() if k != "schema_version"}}
-    text = _encode(body, separators=(",", ":"))
-    if len(text) <= INDENT_MAX_CHARS:
-        text = _encode(body, indent=1)
-    write_atomic(path, text + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomicfile.open_text(path) as fh:
+        size = 0
+        for piece in _pieces(body, 2):
+            fh.write(piece)
+            size += len(piece)
+        if size <= INDENT_MAX_CHARS:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(_encode(body, indent=1))
+        fh.write("\n")
 
 
-def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    """Write a CSV view (non-finite numbers as 'NaN'/'Infinity', lists joined with ';').
+def write_csv(path: Path, header: list[str], rows: Iterable[list[Any]]) -> None:
+    """Write a CSV view row by row (non-finite numbers as 'NaN'/'Infinity', lists joined with ';').
 
     Cells a spreadsheet would run as formulas get a leading ``'`` (safetext.csv_cell).
     """
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(header)
-    for row in rows:
-        w.writerow([csv_cell(_cell(c)) for c in row])
-    write_atomic(path, buf.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomicfile.open_text(path) as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        for row in rows:
+            w.writerow([_csv_cell(c) for c in row])
+
+
+def _csv_cell(v: Any) -> Any:
+    """csv_cell(_cell(v)), with the commonest cells (text, whole and finite numbers, empty)
+    decided on their exact type first: a large output has millions of them."""
+    t = type(v)
+    if t is str:
+        return csv_cell(v)
+    if t is int or t is bool:
+        return v
+    if v is None:
+        return ""
+    if t is float and v - v == 0.0:
+        return f"{v:.6g}"
+    return csv_cell(_cell(v))
 
 
 def _cell(v: Any) -> Any:
@@ -174,6 +251,47 @@ def _cell(v: Any) -> Any:
     if isinstance(v, float):
         return f"{v:.6g}"
     return v
+
+
+class _CleanView(Mapping):
+    """A record (a dataclass or a dict) read as the dict clean() makes of it, each field cleaned
+    when it is read: the HTML report reads a few fields of every result and module, and a cleaned
+    copy of them all was as large as the results themselves."""
+    __slots__ = ("_obj", "_names")
+
+    def __init__(self, obj: Any, names: Collection[str]):
+        self._obj, self._names = obj, names
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        obj = self._obj
+        return clean(obj[name] if type(obj) is dict else getattr(obj, name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def clean_view(obj: Any) -> Any:
+    """clean() whose list items are left as read-only mappings cleaned on access (_CleanView):
+    what a reader of a few fields (htmlreport.render) gets, without a cleaned copy of every record."""
+    t = type(obj)
+    if t is dict:
+        return {k if type(k) is str else str(k): clean_view(v) for k, v in obj.items()}
+    if t is list or t is tuple or t is Records:
+        return [_item_view(v) for v in obj]
+    return clean(obj)
+
+
+def _item_view(obj: Any) -> Any:
+    t = type(obj)
+    if t is dict and all(type(k) is str for k in obj):
+        return _CleanView(obj, obj)
+    names = _written(t)
+    return clean(obj) if names is None else _CleanView(obj, names)
 
 
 def fmt(x: Any) -> str:

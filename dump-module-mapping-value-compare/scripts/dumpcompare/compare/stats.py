@@ -18,6 +18,9 @@ import numpy as np
 
 Value = Union[float, np.ndarray, None]
 ATTRS = ("max", "min", "mean", "norm")
+# The keys of every statistics error record, made once: 21k results over many modules held 200k
+# copies of the same few names.
+_DIFF_REL = {a: (f"{a}_diff", f"{a}_rel") for a in ATTRS}
 
 
 @dataclass
@@ -137,12 +140,12 @@ def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
         for a in ATTRS:
             x, y = v[("t", a)], v[("r", a)]
             if x is None or y is None:
-                out[f"{a}_diff"] = out[f"{a}_rel"] = nan
+                out[_DIFF_REL[a][0]] = out[_DIFF_REL[a][1]] = nan
                 continue
             ok = np.isfinite(x) & np.isfinite(y)
             d = np.where(ok, y - x, np.nan)
             rel = np.where(x != 0, np.abs(d) / np.where(x != 0, np.abs(x), 1.0), np.where(d == 0, 0.0, np.inf))
-            out[f"{a}_diff"], out[f"{a}_rel"] = d, np.where(ok, rel, np.nan)
+            out[_DIFF_REL[a][0]], out[_DIFF_REL[a][1]] = d, np.where(ok, rel, np.nan)
         extremes = [np.where(np.isfinite(x), np.abs(x), np.nan)
                     for x in (v[("t", "max")], v[("t", "min")], v[("r", "max")], v[("r", "min")]) if x is not None]
         amax = np.fmax.reduce(extremes) if extremes else nan
@@ -203,15 +206,16 @@ def _float_errors(t: Stats, r: Stats) -> dict[str, float]:
     out: dict[str, float] = {}
     for a in ATTRS:
         x, y = getattr(t, a), getattr(r, a)
+        diff, rel = _DIFF_REL[a]
         if x is None or y is None:
-            out[f"{a}_diff"] = out[f"{a}_rel"] = _NAN
+            out[diff] = out[rel] = _NAN
             continue
         if not (math.isfinite(x) and math.isfinite(y)):
-            out[f"{a}_diff"] = out[f"{a}_rel"] = _NAN
+            out[diff] = out[rel] = _NAN
             continue
         d = y - x
-        out[f"{a}_diff"] = d
-        out[f"{a}_rel"] = abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else _INF)
+        out[diff] = d
+        out[rel] = abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else _INF)
     amax = _fmax([abs(x) if math.isfinite(x) else _NAN for x in (t.max, t.min, r.max, r.min) if x is not None])
     scaled = []
     tn, rn, nd = t.norm, r.norm, out["norm_diff"]
