@@ -83,7 +83,7 @@ VLLM_TREES = {"llama": _LLAMA, "mistral": _LLAMA, "phi3": _LLAMA, "qwen2": _QWEN
               "gemma2": _GEMMA2, "qwen3_moe": _QWEN3_MOE, "mixtral": _MIXTRAL}
 # SGLang 0.4.10 (python/sglang/srt/models/llama.py, qwen3.py; srt/layers/radix_attention.py): the
 # same names as vLLM except the attention kernel module; its model module is dumped
-# (sglang_like keeps the older tree: not checked against a real SGLang dump).
+# (sglang_like is checked against SGLang's source, not a real SGLang dump: tools/real_dumps/README.md).
 _MODEL_CLASS = {"llama": "LlamaModel", "qwen2": "Qwen2Model", "qwen3": "Qwen3Model"}
 SGLANG_TREES = {f: {"model": _MODEL_CLASS[f], **_renamed(t, Attention="RadixAttention")}
                 for f, t in VLLM_TREES.items() if f in ("llama", "qwen2", "qwen3")}

@@ -5,11 +5,15 @@ and those calls are what msprobe records: every model, layer and attention forwa
 ``forward_batch``; attention is ``RadixAttention(q, k, v, forward_batch)``; the logits processor
 runs inside the model's forward as ``logits_processor(input_ids, hidden_states, lm_head,
 forward_batch)``, keeps the last position of a prefill (every position of a decode step),
-all-gathers the vocabulary shards so that every rank holds the logits, and returns a
-``LogitsProcessorOutput``.  Behaviour follows SGLang 0.4.10 (python/sglang/srt/models/llama.py,
-qwen2.py, qwen3.py; srt/layers/radix_attention.py, logits_processor.py); the shared layers
-(linear, embedding, norms, rotary) are vllm_like's, which SGLang's layers match in name and
-behaviour for these models.
+all-gathers the vocabulary shards so that every rank holds the logits, casts them to float32 and
+returns a ``LogitsProcessorOutput``.  Behaviour follows SGLang 0.4.10 (python/sglang/srt/models/
+llama.py, qwen2.py, qwen3.py; srt/layers/radix_attention.py, logits_processor.py,
+rotary_embedding.py; srt/managers/schedule_batch.py), checked against SGLang's source (see
+README.md "What SGLang does"): one rotary module per rope setting shared by every layer
+(``get_rope``'s process-wide cache, as in vLLM), the ``model`` module dumped (a plain
+``nn.Module`` called through ``__call__``), int64 input ids, Qwen3's q_norm/k_norm on
+``[tokens * heads, head_dim]``.  The shared layers (linear, embedding, norms, rotary) are
+vllm_like's, which SGLang's layers match in name and behaviour for these models.
 
 Public API:
     build(hf_config, dtype=torch.float32, family="llama", **options)   as vllm_like.build
@@ -39,16 +43,28 @@ class ForwardBatch:
 
 @dataclasses.dataclass
 class LogitsProcessorOutput:
-    """srt/layers/logits_processor.py LogitsProcessorOutput, a dataclass (msprobe records its fields);
-    next-token logits only."""
+    """srt/layers/logits_processor.py LogitsProcessorOutput, a dataclass: msprobe records every field,
+    so a generation step without log-probs shows the logits and the others as null."""
 
     next_token_logits: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+    next_token_logprobs: torch.Tensor | None = None
+    next_token_top_logprobs_val: list | None = None
+    next_token_top_logprobs_idx: list | None = None
+    next_token_token_ids_logprobs_val: list | None = None
+    next_token_token_ids_logprobs_idx: list | None = None
+    input_token_logprobs: torch.Tensor | None = None
+    input_top_logprobs_val: list | None = None
+    input_top_logprobs_idx: list | None = None
+    input_token_ids_logprobs_val: list | None = None
+    input_token_ids_logprobs_idx: list | None = None
 
 
 class LogitsProcessor(nn.Module):
     """srt/layers/logits_processor.py LogitsProcessor: prune to the sampled rows, head shard,
     all-gather over TP ranks (every rank gets the logits), drop the padded vocabulary columns,
-    final soft cap."""
+    cast to float32 (``_get_logits``: the output is float32 whatever the model dtype), final soft
+    cap."""
 
     def __init__(self, config):
         super().__init__()
@@ -59,7 +75,7 @@ class LogitsProcessor(nn.Module):
         if logits_metadata.forward_mode == "extend":
             hidden_states = hidden_states[-1:]  # one sequence: its last position
         logits = torch.nn.functional.linear(hidden_states.to(lm_head.weight.dtype), lm_head.weight)
-        logits = dist.all_gather_last_dim(logits)[..., :self.config.vocab_size]
+        logits = dist.all_gather_last_dim(logits)[..., :self.config.vocab_size].float()
         if self.soft_cap:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
         return LogitsProcessorOutput(next_token_logits=logits)
@@ -87,6 +103,15 @@ def _sglang_attention(base):
             a = self.attn
             self.attn = RadixAttention(a.num_heads, a.head_size, a.scale, a.num_kv_heads,
                                        a.sliding_window, a.logits_soft_cap)
+
+        def _qk_norm(self, q, k):
+            # qwen3.py _apply_qk_norm: the norms get every head as a row, [tokens * heads, head_dim]
+            # (vLLM keeps [tokens, heads, head_dim])
+            if not hasattr(self, "q_norm"):
+                return q, k
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+            return q, k
 
         def forward(self, positions, hidden_states, forward_batch):
             qkv, _ = self.qkv_proj(hidden_states)
@@ -121,7 +146,9 @@ def _sglang_model(base, layer_cls):
             hidden_states, _ = self.norm(hidden_states, residual)
             return hidden_states
     Model.layer_cls = layer_cls
-    Model.hooked = True  # SGLang calls its model as a plain module (vllm_like's bypass is vLLM's)
+    # SGLang's LlamaModel/Qwen2Model/Qwen3Model are plain nn.Modules that the CausalLM calls through
+    # __call__, so msprobe's hook runs (vllm_like's bypass is vLLM's @support_torch_compile)
+    Model.hooked = True
     return _as(Model, base, "model(input_ids, positions, forward_batch).")
 
 
@@ -154,16 +181,17 @@ FAMILIES["mistral"] = FAMILIES["llama"]
 
 
 def build(hf_config, dtype=torch.float32, family="llama", **options) -> nn.Module:
-    # one rotary module per layer, int64 ids, the model module hooked: what these cases were made
-    # with; vllm_like's later changes follow real vLLM and are not verified against SGLang
-    opts = {"dtype": dtype, "eps": options.pop("norm_eps", None) or hf_config.rms_norm_eps,
-            "share_rope": False, **options}
+    """The family's SGLang CausalLM for this process's TP rank; one rotary module per rope setting
+    (SGLang's get_rope caches it process-wide, as vLLM's does: vllm_like.get_rope)."""
+    opts = {"dtype": dtype, "eps": options.pop("norm_eps", None) or hf_config.rms_norm_eps, **options}
     return FAMILIES[family](hf_config, opts)
 
 
 @torch.no_grad()
 def generate(model, prompt_ids, new_tokens, step_scope=None) -> list[int]:
     model.reset_cache()
+    # schedule_batch.py builds the prefill's input_ids as int64; a decode step's are the sampled
+    # ids (greedy argmax: int64)
     ids = torch.as_tensor(prompt_ids, dtype=torch.long)
     positions = torch.arange(ids.shape[0])
     out, mode = [], "extend"

@@ -17,8 +17,7 @@ Public API:
         family's subclass) for this process's TP rank; options: rms_kernel ("native"|"fused"),
         lm_head_dtype, act_override, extra_act_layer, norm_eps (override the config's eps),
         renormalize (override the config's norm_topk_prob in the MoE), expert_parallel (the MoE
-        holds whole experts per rank, vLLM's --enable-expert-parallel), share_rope (default True:
-        one RotaryEmbedding per rope setting for all layers, as vLLM's get_rope caches it).
+        holds whole experts per rank, vLLM's --enable-expert-parallel).
     model.load_weights(hf_state_dict)          fuse q/k/v and gate/up, slice this rank's shard,
                                                pad the vocabulary (as vLLM's load_weights does)
     model(input_ids, positions) -> hidden      one engine forward (1-D token ids and positions)
@@ -332,10 +331,8 @@ def get_rope(opts, head_size, max_position, base, dtype):
     layer with the same setting holds the same module object; msprobe registers it once, under
     its first path (``model.layers.0.self_attn.rotary_emb``), and numbers its calls across layers
     (call index = forward call x layers + layer).  The cache lives in this build's ``opts``
-    (vLLM's is per process) so that two models built in one process never share hooks.
-    ``share_rope=False`` gives each layer its own (the older belief, kept for sglang_like)."""
-    if not opts.get("share_rope", True):
-        return RotaryEmbedding(head_size, max_position, base, dtype)
+    (vLLM's is per process) so that two models built in one process never share hooks.  SGLang's
+    get_rope caches the same way (sglang_like uses this one)."""
     cache = opts.setdefault("_rope_cache", {})
     key = (head_size, max_position, float(base), dtype)
     if key not in cache:
