@@ -261,3 +261,20 @@ def test_manydump_calls_do_not_fold(tmp_path):
     shapes = {s: [lf.shape[-2] for e in load_path(Path(summary["files"][s])).entries
                   if "embed_tokens" in e.key for lf in e.leaves if lf.name.startswith("output")] for s in summary["files"]}
     assert shapes["train"] == shapes["rollout"] and len(set(shapes["train"])) == 2
+
+
+def test_a_measured_command_reports_its_own_peak_not_the_benchs(tmp_path):
+    """Linux carries a process's peak RSS over fork and exec: the bench holds 300 MB here, and the
+    small command it measures must still report its own few MB (bench_launch.py starts it)."""
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import bench\n"
+              "held = bytearray(300 * 2**20)\n"
+              "for i in range(0, len(held), 4096): held[i] = 1\n"
+              "small = bench.run_measured([sys.executable, '-c', 'pass'])\n"
+              "grows = bench.run_measured([sys.executable, '-c', "
+              "'x = bytearray(120 * 2**20)\\nfor i in range(0, len(x), 4096): x[i] = 1'])\n"
+              "print(small.rc, small.maxrss // 2**20, grows.rc, grows.maxrss // 2**20)\n")
+    proc = _run(["-c", script, ROOT / "tools"])
+    rc_small, small_mb, rc_grows, grows_mb = map(int, proc.stdout.split())
+    assert (rc_small, rc_grows) == (0, 0)
+    assert small_mb < 100, small_mb             # not the caller's 300 MB
+    assert 120 <= grows_mb < 250, grows_mb       # what the command itself touched

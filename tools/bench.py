@@ -92,6 +92,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = ROOT / "tools" / "bench_launch.py"
 BIGDUMP = ROOT / "tools" / "bigdump.py"
 COMPARE = ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py"
 ROOTCAUSE = ROOT / "rl-consistency-analysis" / "scripts" / "run_root_cause_analysis.py"
@@ -157,7 +158,8 @@ class Run:
 
 
 def _group_rss(pgid: int) -> int:
-    """Summed RSS (bytes) of the processes in process group ``pgid``."""
+    """Summed RSS (bytes) of the processes in process group ``pgid``, but its leader (the
+    launcher, bench_launch.py, not part of what is measured)."""
     total = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -167,7 +169,7 @@ def _group_rss(pgid: int) -> int:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid:
+        if int(fields[2]) == pgid and int(name) != pgid:
             total += int(fields[21]) * PAGE
     return total
 
@@ -181,10 +183,16 @@ def _killpg(pgid: int, sig) -> None:
 
 def run_measured(cmd: list[str], *, cwd=None, timeout=None, mem_limit=None, grace=10.0,
                  poll=0.2) -> Run:
-    """Run ``cmd`` in its own process group; wall time, peak memory, optional limits."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """Run ``cmd`` in its own process group; wall time, peak memory, optional limits.
+
+    The command is started by tools/bench_launch.py, which reports the command's own CPU time and
+    peak RSS: Linux carries a process's peak RSS over fork and exec, so a command forked straight
+    from this process would report at least this process's own peak (the tables it holds)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(suffix=".json") as usage_file:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-S", str(LAUNCHER), usage_file.name, *map(str, cmd)], cwd=cwd,
+                                stdout=out, stderr=err, start_new_session=True)
         state = {"tree": 0, "stopped": None, "term_at": None}
         done = threading.Event()
 
@@ -215,8 +223,16 @@ def run_measured(cmd: list[str], *, cwd=None, timeout=None, mem_limit=None, grac
             _killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, if any
         out.seek(0)
         err.seek(0)
-        return Run(wall=wall, cpu=usage.ru_utime + usage.ru_stime, rc=proc.returncode,
-                   maxrss=usage.ru_maxrss * 1024,
+        try:
+            own = json.loads(Path(usage_file.name).read_text() or "null")
+        except (OSError, ValueError):
+            own = None
+        # A run stopped by a limit kills the launcher too: the launcher's figures are then the
+        # upper bound (its own few MB and CPU included).
+        cpu, maxrss = ((own["cpu"], own["maxrss"]) if own else
+                       (usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024))
+        return Run(wall=wall, cpu=cpu, rc=proc.returncode,
+                   maxrss=maxrss,
                    tree_peak=state["tree"], stopped=state["stopped"],
                    stdout=out.read().decode(errors="replace"),
                    stderr=err.read().decode(errors="replace"))
