@@ -1,14 +1,17 @@
 """Folding a run's later calls from their text (loaders/folding.py, _Template): a call whose text
 matches the run's pattern is read from the match without being decoded, and reads exactly as the
 same call loaded call by call; any text the pattern does not cover is decoded as before."""
+import dataclasses
 import json
 import math
 import re
 
+import numpy as np
 import pytest
 
-from dumpcompare.callruns import call_keys, call_leaves
+from dumpcompare.callruns import call_keys, call_leaves, with_row
 from dumpcompare.loaders import folding, jsonstream, load_path
+from dumpcompare.records import Leaf
 
 MODULE = "Module.model.layers.0.mlp.MLP.forward"
 CALLS = 12
@@ -149,3 +152,12 @@ def test_damage_or_truncation_in_matched_calls_is_salvaged_as_without_folding(tm
         folded, apart = load_path(p), load_path(p, fold=False)
         assert folded.salvage is not None and folded.salvage == apart.salvage, name
         assert _every_call(folded) == _every_call(apart)
+
+
+def test_a_call_of_a_folded_leaf_keeps_every_other_field():
+    # callruns.with_row builds the leaf positionally: a field added to or moved in Leaf must follow
+    names = [f.name for f in dataclasses.fields(Leaf)]
+    leaf = Leaf(**{n: f"<{n}>" for n in names})
+    got = with_row(leaf, [1.0, 2.0, 3.0, 4.0], np.zeros((2, 4)))
+    want = dataclasses.replace(leaf, max=1.0, min=2.0, mean=3.0, norm=4.0, per_call=got.per_call)
+    assert [getattr(got, n) for n in names] == [getattr(want, n) for n in names]
