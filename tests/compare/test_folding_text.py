@@ -154,6 +154,19 @@ def test_damage_or_truncation_in_matched_calls_is_salvaged_as_without_folding(tm
         assert _every_call(folded) == _every_call(apart)
 
 
+def test_an_integer_json_refuses_is_refused_in_matched_calls_too(tmp_path):
+    # the scanner refuses an integer of more digits than Python converts (float() would take it)
+    calls = _calls()
+    key, entry = calls[6]
+    raw = {key: json.dumps(entry).replace('"Max": 7.5', '"Max": ' + "7" * 5000)}
+    p = tmp_path / "dump.json"
+    p.write_text(_text(calls, raw=raw))
+    folded, apart = load_path(p), load_path(p, fold=False)
+    assert folded.salvage is not None and folded.salvage == apart.salvage
+    assert folded.salvage.last_complete_key == f"{MODULE}.5"
+    assert _every_call(folded) == _every_call(apart)
+
+
 def test_a_call_of_a_folded_leaf_keeps_every_other_field():
     # callruns.with_row builds the leaf positionally: a field added to or moved in Leaf must follow
     names = [f.name for f in dataclasses.fields(Leaf)]

@@ -41,17 +41,21 @@ from .msprobe import build_entry, parse_key, stat_value
 _STATS = ("Max", "Min", "Mean", "Norm")
 _NAN = math.nan
 # A statistic's value as the standard library's JSON scanner reads a number (ASCII digits only),
-# and the bare constants msprobe writes; one capturing group.
-_NUMBER = r"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|Infinity|-Infinity)"
+# and the bare constants msprobe writes; one capturing group. At most 600 digits before the point:
+# the scanner refuses an integer longer than Python's limit (640 at the least), which float() would
+# take, so such text is left to the scanner.
+_NUMBER = r"(-?(?:0|[1-9][0-9]{0,599})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|Infinity|-Infinity)"
 _STAT_VALUE = re.compile(r'"(?:Max|Min|Mean|Norm)"\s*:\s*' + _NUMBER)
 # Stands in for each statistic found in a call's text while that text is checked (_template): a
 # string no statistic is, with a per-process mark no file holds.
 _MARK = "\x00" + os.urandom(8).hex() + ":"
 _decoder = json.JSONDecoder()
-# Calls with more statistics than this are decoded, not matched: compiling a pattern of a module
-# returning thousands of tensors costs more than decoding its few calls (templates pay off for the
-# thousands of calls of a module of a few tensors, a generation's decode steps).
+# Calls with more statistics or text than this are decoded, not matched: compiling the pattern of a
+# module returning thousands of tensors (or of a call holding a long string) costs more than decoding
+# its few calls; templates pay off for the thousands of calls of a module of a few tensors, a
+# generation's decode steps (about 1 KB each).
 _TEMPLATE_MAX_STATS = 1024
+_TEMPLATE_MAX_CHARS = 1 << 16
 
 
 @dataclass
@@ -120,6 +124,8 @@ def _template(text: str, g: _Group) -> _Template | False:
     the template holds only if the marks are exactly the statistics the run's leaves hold (each
     once, none in another item, a string or a key); the rest of the text is that of a call that
     folded, so it equals the run's remains."""
+    if len(text) > _TEMPLATE_MAX_CHARS:
+        return False
     spans = [m.span(1) for m in _STAT_VALUE.finditer(text)]
     if len(spans) > _TEMPLATE_MAX_STATS:
         return False
