@@ -15,14 +15,13 @@ def with_row(leaf: Leaf, row, per_call=None) -> Leaf:
     """``leaf`` holding ``row`` (Max, Min, Mean, Norm of one call) and ``per_call`` (the rows of the
     calls it still holds, None for one). A statistic the leaf lacks stays absent in every call; one it
     holds keeps the row's value, NaN included (a NaN statistic is data, not an absence). Built field
-    by field rather than with dataclasses.replace, which costs several times more and runs once per
-    call of a generation."""
-    return Leaf(name=leaf.name, dtype=leaf.dtype, shape=leaf.shape,
-                max=None if leaf.max is None else row[0], min=None if leaf.min is None else row[1],
-                mean=None if leaf.mean is None else row[2], norm=None if leaf.norm is None else row[3],
-                requires_grad=leaf.requires_grad, checksum=leaf.checksum, data_name=leaf.data_name,
-                value=leaf.value, is_tensor=leaf.is_tensor, merge=leaf.merge, shards=leaf.shards,
-                per_call=per_call, shard_hint=leaf.shard_hint)
+    by field, in Leaf's field order, rather than with dataclasses.replace, which costs several times
+    more and runs once per call of a generation."""
+    return Leaf(leaf.name, leaf.dtype, leaf.shape,
+                None if leaf.max is None else row[0], None if leaf.min is None else row[1],
+                None if leaf.mean is None else row[2], None if leaf.norm is None else row[3],
+                leaf.requires_grad, leaf.checksum, leaf.data_name, leaf.value, leaf.is_tensor, leaf.merge,
+                leaf.shards, per_call, leaf.shard_hint)
 
 
 def call_leaves(leaf: Leaf | None) -> list[Leaf | None]:

@@ -15,6 +15,8 @@ Everything is dictionary lookups over the entries: linear in their number.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import Callable
 
 from .gcpause import collector_paused
@@ -43,6 +45,8 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
                 continue
             by_key[s].setdefault((r.canonical, r.call), r)
     paired: dict[str, set[int]] = {"train": set(), "rollout": set()}
+    layouts = namer.p.get("layouts", {}) or {}
+    holders = {s: _side_carriers(recs, layouts) for s, recs in sides.items()}
     raw_pairs: list[tuple[str, list[ModuleRecord], list[ModuleRecord], str | None]] = []
 
     for key, tr in by_key["train"].items():
@@ -101,21 +105,31 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
             pair.aligned_by = found.by
             aligned_points += _aligned_points(pair, found)
         else:
-            # A set beside each list: a wide module carries hundreds of thousands of points.
-            seen: dict[str, set[str]] = {io: set() for io in pair.points}
-            for r in trs + ros:
-                for port in r.ports:
-                    if port.point not in seen[port.io]:
-                        seen[port.io].add(port.point)
-                        pair.points[port.io].append(port.point)
+            # A one_to_one pair here is one whose two records carry the same (io, point) set
+            # (_pair_kind): the rollout record adds no point, and a wide module has 300k of them.
+            pair.points = _points_of(trs, holders["train"][2]) if kind == "one_to_one" else _points_of(trs + ros)
         pairs.append(pair)
 
     one_sided = _one_sided(sides, fwd, paired, pairs, fam, namer)
-    comparisons, unmatched = _plan_points(sides, fam, namer)
-    comparisons += _pair_own_points(pairs, sides, comparisons) + aligned_points
+    comparisons, unmatched, held = _plan_points(sides, holders)
+    comparisons += _pair_own_points(pairs, sides, comparisons, held) + aligned_points
     for i, c in enumerate(comparisons):
         c.cid = f"C{i:04d}"
     return MappingPlan(pairs, one_sided, comparisons, unmatched)
+
+
+def _points_of(recs: list[ModuleRecord], shared: set[int] | None = None) -> dict[str, list[str]]:
+    """The points records carry, per io, each once in the order first carried (dicts as ordered
+    sets: one operation per port). One record sharing no point (``shared``, _side_carriers)
+    carries each of its points once: its ports are the answer."""
+    if shared is not None and len(recs) == 1 and recs[0].index not in shared:
+        ports = recs[0].ports
+        return {io: [p.point for p in ports if p.io == io] for io in ("in", "out", "param")}
+    seen: dict[str, dict[str, None]] = {"in": {}, "out": {}, "param": {}}
+    for r in recs:
+        for port in r.ports:
+            seen[port.io][port.point] = None
+    return {io: list(points) for io, points in seen.items()}
 
 
 def _aligned_points(pair: Pair, a: Aligned) -> list[PointPlan]:
@@ -131,27 +145,30 @@ def _aligned_points(pair: Pair, a: Aligned) -> list[PointPlan]:
     return plans
 
 
-def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list[PointPlan]:
+def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan], held: "_Held") -> list[PointPlan]:
     """Compare a pair's own leaves where they differ from the point's canonical holders.
 
     The same point can be held by a producer's output and a consumer's input; when an op
     sits between them on one side (an extra scale, a missing activation) the two differ,
     and only the consumer pair's own leaves show it.
     """
-    canon = {c.point: c for c in planned if c.pair is None}
-    stitched = {c.point for c in planned if c.stitched}
+    stitched = {c.point for c in planned if c.stitched} if held.skip else set()
     extra = []
     for pair in pairs:
         if len(pair.train) != 1 or len(pair.rollout) != 1:
             continue
         tr, ro = sides["train"][pair.train[0]], sides["rollout"][pair.rollout[0]]
-        tports = {p.point: p for p in tr.ports}
-        rports = {p.point: p for p in ro.ports}
-        for point in tports:                 # in port order: outputs must not depend on hashing
-            if point not in rports or point in stitched:
+        if held.sole_holders(tr, ro):
+            continue
+        # Each point's last port, in the order of its first: built in C, as a wide module's
+        # 300k ports make these the largest tables of the step.
+        tports = dict(zip(map(_point_of, tr.ports), tr.ports))
+        rports = dict(zip(map(_point_of, ro.ports), ro.ports))
+        for point, t in tports.items():      # in port order: outputs must not depend on hashing
+            r = rports.get(point)
+            if r is None or (stitched and point in stitched):
                 continue
-            t, r = tports[point], rports[point]
-            if _held_by(canon.get(point), tr.index, t.leaf, ro.index, r.leaf):
+            if held.direct(point, tr.index, t.leaf, ro.index, r.leaf):
                 continue
             axis = "rows" if t.io == "param" else "features"
             extra.append(PointPlan("", point, "direct", axis, [Carrier(tr.index, t.leaf, t.io)],
@@ -159,14 +176,35 @@ def _pair_own_points(pairs: list[Pair], sides, planned: list[PointPlan]) -> list
     return extra
 
 
-def _held_by(c: PointPlan | None, trec: int, tleaf: str, rrec: int, rleaf: str) -> bool:
-    """Whether planned comparison ``c`` compares exactly these two leaves (one on each side).
-    Compared field by field: building the pair's carriers as lists per point to compare them was
-    most of this step's time on a module of 300k outputs."""
-    if c is None or len(c.train) != 1 or len(c.rollout) != 1:
-        return False
-    t, r = c.train[0], c.rollout[0]
-    return t.rec == trec and t.leaf == tleaf and r.rec == rrec and r.leaf == rleaf
+_point_of = attrgetter("point")
+
+
+@dataclass
+class _Held:
+    """Which leaves the point plans compare: each side's holder of a point (_side_carriers) and the
+    points not compared directly by their holders (stitched over calls). Asked point by point
+    instead of indexing the plans by point: one table fewer over a wide module's points."""
+    train: dict[str, Carrier]
+    rollout: dict[str, Carrier]
+    skip: set[str]
+    train_shared: set[int]         # records sharing a point with another port (_side_carriers)
+    rollout_shared: set[int]
+
+    def sole_holders(self, tr: ModuleRecord, ro: ModuleRecord) -> bool:
+        """Whether every point of the two records is compared between exactly their own leaves: no
+        point stitched, neither record shares a point, and both carry the same points in the same
+        order (each port then holds its point, and the ports of a point face each other)."""
+        return (not self.skip and tr.index not in self.train_shared and ro.index not in self.rollout_shared
+                and _same_ports(tr, ro))
+
+    def direct(self, point: str, trec: int, tleaf: str, rrec: int, rleaf: str) -> bool:
+        """Whether the plan of ``point`` compares exactly these two leaves (one on each side): a
+        point both sides hold and not stitched is compared between its two holders."""
+        if point in self.skip:
+            return False
+        t, r = self.train.get(point), self.rollout.get(point)
+        return (t is not None and r is not None and t.rec == trec and t.leaf == tleaf
+                and r.rec == rrec and r.leaf == rleaf)
 
 
 def _matches(rule: dict, rec: ModuleRecord, other_family: str) -> bool:
@@ -179,6 +217,12 @@ def _matches(rule: dict, rec: ModuleRecord, other_family: str) -> bool:
     if "classes" in rule and not any(re.search(c, rec.cls) for c in rule["classes"]):
         return False
     return True
+
+
+def _same_ports(tr: ModuleRecord, ro: ModuleRecord) -> bool:
+    """Whether two records carry the same points with the same io, port by port."""
+    return len(tr.ports) == len(ro.ports) and all(
+        a.point == b.point and a.io == b.io for a, b in zip(tr.ports, ro.ports))
 
 
 def _by_design_reason(rec: ModuleRecord, namer: Namer, other_family: str) -> str | None:
@@ -197,7 +241,9 @@ def _pair_kind(tr: ModuleRecord, ro: ModuleRecord, namer: Namer) -> tuple[str, s
     """one_to_one unless the two modules carry different tensors by design."""
     def pts(r):
         return {(p.io, p.point) for p in r.ports}
-    if pts(tr) == pts(ro):
+    # Alike modules list their ports in the same order: checked pairwise first, without building
+    # a set of a wide module's hundreds of thousands of ports per side.
+    if _same_ports(tr, ro) or pts(tr) == pts(ro):
         return "one_to_one", None
     reason = _by_design_reason(tr, namer, ro.family) or _by_design_reason(ro, namer, tr.family)
     if reason is None:
@@ -254,47 +300,64 @@ def _one_sided(sides, fwd, paired, pairs, fam, namer: Namer) -> list[OneSided]:
     return out
 
 
-def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, list[str]]]:
-    carriers: dict[str, dict[str, Carrier]] = {}
-    layouts = namer.p.get("layouts", {}) or {}
-    layout_of: dict[str, dict[str, str]] = {}
-    for s, recs in sides.items():
-        best: dict[str, tuple[int, Carrier]] = {}
-        lay: dict[str, str] = {}
-        for r in recs:
-            for port in r.ports:
-                # A producer's output is the canonical holder of a point; consumers' inputs
-                # hold the same tensor and serve when no producer is dumped.
-                prio = 0 if port.io in ("out", "param") else 1
-                cur = best.get(port.point)
-                if cur is None or prio < cur[0]:
-                    best[port.point] = (prio, Carrier(r.index, port.leaf, port.io))
-                fam_layout = (layouts.get(r.family) or {}).get(r.role)
-                if fam_layout and "+" in port.point:
-                    lay[port.point] = fam_layout
-        carriers[s] = {k: v[1] for k, v in best.items()}
-        layout_of[s] = lay
+# A producer's output (or a parameter) is the canonical holder of a point; consumers' inputs hold
+# the same tensor and serve when no producer is dumped.
+_PRODUCED = ("out", "param")
+
+
+def _side_carriers(recs: list[ModuleRecord], layouts: dict) -> tuple[dict[str, Carrier], dict[str, str], set[int]]:
+    """One side's holder of each point (in the order points are first carried), the layout of
+    each fused point whose module's family declares one, and the records that share a point: one
+    carrying a point already held (by itself or an earlier record) or losing one to a producer.
+    Every port of any other record holds its point, and no two of its ports carry the same one."""
+    best: dict[str, Carrier] = {}
+    lay: dict[str, str] = {}
+    shared: set[int] = set()
+    hold = best.setdefault
+    for r in recs:
+        fam_layout = (layouts.get(r.family) or {}).get(r.role)
+        for port in r.ports:
+            # One table operation per port: a wide module's table outgrows the caches.
+            c = Carrier(r.index, port.leaf, port.io)
+            cur = hold(port.point, c)
+            if cur is not c:
+                shared.add(r.index)
+                if port.io in _PRODUCED and cur.io not in _PRODUCED:
+                    best[port.point] = c
+                    shared.add(cur.rec)
+            if fam_layout and "+" in port.point:
+                lay[port.point] = fam_layout
+    return best, lay, shared
+
+
+def _plan_points(sides, holders: dict[str, tuple]) -> tuple[list[PointPlan], dict[str, list[str]], _Held]:
+    """Every point comparison by name (direct, composite, stitched over calls), the points left
+    unmatched per side, and which leaves the comparisons read (_Held). ``holders``: per side,
+    what _side_carriers found."""
+    carriers = {s: h[0] for s, h in holders.items()}
+    layout_of = {s: h[1] for s, h in holders.items()}
+    shared = {s: h[2] for s, h in holders.items()}
+    tlay, rlay = layout_of["train"], layout_of["rollout"]
     plans: list[PointPlan] = []
+    # Points compared other than directly (stitched, composite); a point both sides hold and
+    # compare directly is known as such without a set of hundreds of thousands of names.
     used = {"train": set(), "rollout": set()}
 
     def add(point, kind, tr, ro, stitched=None):
         axis = "rows" if is_parameter_name(point) or _is_param(point, tr, ro) else "features"
-        lay = {s: layout_of[s].get(point) for s in sides}
-        plans.append(PointPlan("", point, kind, axis, tr, ro, lay["train"], lay["rollout"], stitched=stitched,
-                               heads=_head_carriers(point, lay, carriers)))
+        lt = tlay.get(point) if tlay else None
+        lr = rlay.get(point) if rlay else None
+        heads = _head_carriers(point, {"train": lt, "rollout": lr}, carriers) if lt or lr else []
+        plans.append(PointPlan("", point, kind, axis, tr, ro, lt, lr, stitched=stitched, heads=heads))
 
     stitch = _stitch_groups(carriers, sides)
     stitched_calls = {c for _, calls in stitch.values() for c in calls[1:]}
-    # Sorted from the record order the carriers were filled in, not from a set's hash order: the
-    # sort then meets long ordered runs (a wide module's points), and sorting a set of 300k points
-    # cost 4x as much per point as of 10k (issue 28, item 3). The result is the same total order.
-    for point in sorted(dict.fromkeys([*carriers["train"], *carriers["rollout"]]),
-                        key=lambda p: (_first_rec(p, carriers), p)):
-        if point in stitched_calls:
-            continue
-        t = carriers["train"].get(point)
-        r = carriers["rollout"].get(point)
-        if point in stitch:
+    skip = stitch.keys() | stitched_calls
+    ordered, only = _points_in_order(carriers)
+    for point, t, r in ordered:
+        if skip and point in skip:
+            if point in stitched_calls:
+                continue
             side, calls = stitch[point]
             other = "rollout" if side == "train" else "train"
             many = [carriers[side][c] for c in calls]
@@ -314,8 +377,6 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
             continue
         if t is not None and r is not None:
             add(point, "direct", [t], [r])
-            used["train"].add(point)
-            used["rollout"].add(point)
             continue
         if "+" not in point:
             continue
@@ -328,8 +389,47 @@ def _plan_points(sides, fam, namer: Namer) -> tuple[list[PointPlan], dict[str, l
             add(point, "composite", tr, ro)
             used[have].add(point)
             used[other].update(parts)
-    unmatched = {s: sorted(p for p in carriers[s] if p not in used[s]) for s in sides}
-    return plans, unmatched
+    # Unmatched: a point one side alone carries, or one both carry that was not compared directly
+    # (a stitched one), unless it took part in a stitched or composite comparison.
+    unmatched = {}
+    for s, other in (("train", "rollout"), ("rollout", "train")):
+        mine = carriers[s]
+        candidates = only[s] + [p for p in skip if p in mine and p in carriers[other]]
+        unmatched[s] = sorted(p for p in candidates if p not in used[s])
+    return plans, unmatched, _Held(carriers["train"], carriers["rollout"], skip, shared["train"], shared["rollout"])
+
+
+def _points_in_order(carriers) -> tuple[list[tuple[str, Carrier | None, Carrier | None]], dict[str, list[str]]]:
+    """Every point either side carries with its two holders, ordered by the first record carrying
+    it on either side, then by name; and the points only one side carries.
+
+    Bucketed by record, each bucket sorted alone, one table lookup per point: a wide module's 300k
+    points share one record, and sorting (record, name) keys over tables that outgrow the caches
+    was most of the planning."""
+    tcar, rcar = carriers["train"], carriers["rollout"]
+    buckets: dict[int, list] = {}
+    only: dict[str, list[str]] = {"train": [], "rollout": []}
+    for point, t in tcar.items():
+        r = rcar.get(point)
+        if r is None:
+            only["train"].append(point)
+        rec = t.rec if r is None or t.rec <= r.rec else r.rec
+        bucket = buckets.get(rec)
+        if bucket is None:
+            buckets[rec] = bucket = []
+        bucket.append((point, t, r))
+    for point, r in rcar.items():
+        if point in tcar:
+            continue
+        only["rollout"].append(point)
+        bucket = buckets.get(r.rec)
+        if bucket is None:
+            buckets[r.rec] = bucket = []
+        bucket.append((point, None, r))
+    ordered: list[tuple[str, Carrier | None, Carrier | None]] = []
+    for rec in sorted(buckets):
+        ordered += sorted(buckets[rec], key=itemgetter(0))
+    return ordered, only
 
 
 # Points whose leaves show the head size: the attention kernel's q and k inputs ([..., heads,
@@ -362,6 +462,10 @@ def _stitch_groups(carriers, sides) -> dict[str, tuple[str, list[str]]]:
 
     groups = {}
     for side, other in (("rollout", "train"), ("train", "rollout")):
+        # A side with no point of a later call has nothing to stitch: one scan of the names
+        # instead of two call names built and looked up per point.
+        if not any("@" in point for point in carriers[side]):
+            continue
         for point, c in carriers[side].items():
             if "@" in point or c.io == "param" or at_call(point, 1) not in carriers[side]:
                 continue
@@ -391,8 +495,3 @@ def _stitch_groups(carriers, sides) -> dict[str, tuple[str, list[str]]]:
 
 def _is_param(point, tr, ro) -> bool:
     return any(c.io == "param" for c in tr + ro)
-
-
-def _first_rec(point: str, carriers) -> int:
-    recs = [c.rec for s in ("train", "rollout") if (c := carriers[s].get(point)) is not None]
-    return min(recs) if recs else 0

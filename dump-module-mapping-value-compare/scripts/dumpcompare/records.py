@@ -84,7 +84,6 @@ class Dump:
     framework: str | None
     dump_data_dir: str | None
     entries: list[Entry]
-    construct: dict[str, Any] | None = None
     salvage: Salvage | None = None
     notes: list[str] = field(default_factory=list)
     skipped_keys: list[str] = field(default_factory=list)

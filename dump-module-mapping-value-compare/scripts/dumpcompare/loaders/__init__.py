@@ -40,7 +40,7 @@ def load_path(path: Path, fold: bool = True) -> Dump:
     state = StreamState()
     folder = CallFolder(fold)
     try:
-        for key, value in iter_entries(path, state):
+        for key, value in iter_entries(path, state, folder.take if fold else None):
             folder.add(key, value)
     except ShapeError as exc:
         raise InputError(f"{path}: {exc}") from None
@@ -61,8 +61,8 @@ def load_path(path: Path, fold: bool = True) -> Dump:
                 framework=_str(hdr.get("framework")), dump_data_dir=_str(hdr.get("dump_data_dir")),
                 entries=entries, salvage=state.salvage, notes=notes, skipped_keys=skipped, folded=folded)
     dump.notes.extend(_header_notes(dump.task, dump.level))
-    dump.construct = _read_construct(path.parent / "construct.json", dump)
-    dump.entries, shared = attribute(dump.entries, dump.construct)
+    # construct.json serves only here (which block made each call of a shared module): not kept.
+    dump.entries, shared = attribute(dump.entries, _read_construct(path.parent / "construct.json", dump))
     if shared:
         for i, e in enumerate(dump.entries):
             e.order = i

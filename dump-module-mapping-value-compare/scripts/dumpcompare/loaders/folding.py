@@ -11,7 +11,11 @@ and then every decode call, instead of one entry per call.
 
 A later call is checked and read without building leaves: its four statistics are taken out of
 each tensor item and what remains must equal the run's first call's remains (one deep comparison
-in C). That keeps loading close to the speed of the JSON parser, which matters for gigabyte dumps.
+in C). Once a run holds two calls, the text of its second call becomes a pattern (_Template): the
+same text with each statistic's number left open. A later call whose text matches it is the same
+structure with other numbers, so it is read from the text without being decoded at all; any other
+text (another structure, a statistic that is not a number, the window's end) is decoded and checked
+as above. That keeps loading near the speed of reading the file, which matters for gigabyte dumps.
 
 Calls that arrive out of order or repeat a key stop folding for the whole dump: every call
 becomes its own entry again, exactly as without folding. Code that reads calls one by one (a
@@ -19,9 +23,13 @@ stitched generation) takes a run apart with callruns.call_leaves.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 from array import array
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -32,6 +40,31 @@ from .msprobe import build_entry, parse_key, stat_value
 
 _STATS = ("Max", "Min", "Mean", "Norm")
 _NAN = math.nan
+# A statistic's value as the standard library's JSON scanner reads a number (ASCII digits only),
+# and the bare constants msprobe writes; one capturing group. At most 600 digits before the point:
+# the scanner refuses an integer longer than Python's limit (640 at the least), which float() would
+# take, so such text is left to the scanner.
+_NUMBER = r"(-?(?:0|[1-9][0-9]{0,599})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|Infinity|-Infinity)"
+_STAT_VALUE = re.compile(r'"(?:Max|Min|Mean|Norm)"\s*:\s*' + _NUMBER)
+# Stands in for each statistic found in a call's text while that text is checked (_template): a
+# string no statistic is, with a per-process mark no file holds.
+_MARK = "\x00" + os.urandom(8).hex() + ":"
+_decoder = json.JSONDecoder()
+# Calls with more statistics or text than this are decoded, not matched: compiling the pattern of a
+# module returning thousands of tensors (or of a call holding a long string) costs more than decoding
+# its few calls; templates pay off for the thousands of calls of a module of a few tensors, a
+# generation's decode steps (about 1 KB each).
+_TEMPLATE_MAX_STATS = 1024
+_TEMPLATE_MAX_CHARS = 1 << 16
+
+
+@dataclass
+class _Template:
+    """A run's call as text with its statistics left open: ``pattern`` matches the text of a call of
+    the same structure, its groups the numbers in text order; ``row`` puts them in row order (4 per
+    leaf, NaN where the run lacks a statistic)."""
+    pattern: re.Pattern
+    row: Any                         # numbers in text order + [NaN] -> the row; None: they are the row
 
 
 @dataclass
@@ -43,6 +76,9 @@ class _Group:
     rows: array                      # float64, 4 per leaf per call, NaN where absent
     orders: list[int] = field(default_factory=list)    # file positions of the run's later calls
     first_run: Any = None            # the module's first run (this one, or an earlier _Group)
+    head: str = ""                   # the module's key without its call number
+    next_key: str = ""               # the key of the run's next call
+    template: Any = None             # _Template once built; False when the calls' text cannot be one
 
     @property
     def next_call(self) -> int:
@@ -80,6 +116,57 @@ def _take_stats(value: Any, paths: list[tuple], taken: list) -> list:
         taken.append((item, vals))
         raw += vals
     return raw
+
+
+def _template(text: str, g: _Group) -> _Template | False:
+    """The pattern of the calls of run ``g`` whose text is ``text`` (a call of the run, folded), or
+    False. Every statistic found in the text is replaced by a marked string and the text decoded:
+    the template holds only if the marks are exactly the statistics the run's leaves hold (each
+    once, none in another item, a string or a key); the rest of the text is that of a call that
+    folded, so it equals the run's remains."""
+    if len(text) > _TEMPLATE_MAX_CHARS:
+        return False
+    spans = [m.span(1) for m in _STAT_VALUE.finditer(text)]
+    if len(spans) > _TEMPLATE_MAX_STATS:
+        return False
+    marked, prev = [], 0
+    for k, (a, b) in enumerate(spans):
+        marked += (text[prev:a], json.dumps(f"{_MARK}{k}"))
+        prev = b
+    marked.append(text[prev:])
+    marked_text = "".join(marked)
+    try:
+        value, end = _decoder.raw_decode(marked_text)
+        raw = _take_stats(value, g.paths, []) if type(value) is dict else None
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        return False
+    if raw is None or end != len(marked_text):
+        return False
+    slot: dict[int, int] = {}         # statistic in text order -> its place in the row
+    for j, v in enumerate(raw):
+        if v is None:
+            if not g.absent[j]:
+                return False
+            continue
+        if type(v) is not str or not v.startswith(_MARK) or g.absent[j]:
+            return False
+        k = int(v[len(_MARK):])
+        if k in slot:
+            return False
+        slot[k] = j
+    if len(slot) != len(spans):
+        return False
+    source = [len(spans)] * len(raw)  # the NaN appended after the numbers
+    for k, j in slot.items():
+        source[j] = k
+    pieces, prev = [], 0
+    for a, b in spans:
+        pieces += (re.escape(text[prev:a]), _NUMBER)
+        prev = b
+    pieces.append(re.escape(text[prev:]))
+    # Four places per leaf: never exactly one, which itemgetter would return bare.
+    row = None if source == list(range(len(source))) else itemgetter(*source)
+    return _Template(re.compile("".join(pieces)), row)
 
 
 def _numbers(raw: list) -> list:
@@ -125,6 +212,7 @@ class CallFolder:
         self.skipped: list[str] = []
         self.count = 0
         self.broken = not enabled
+        self.by_next: dict[str, _Group] = {}        # the current runs again, by the key of their next call
 
     def add(self, key: str, value: Any) -> None:
         """Take the next item of the dump's ``data`` object."""
@@ -140,14 +228,14 @@ class CallFolder:
             nxt = self.apart.get(base, 0 if g is None else g.next_call)
             in_order = key not in self.keys and call == nxt
             if g is not None and in_order and self._fold_call(g, value):
-                g.orders.append(order)
-                self.keys.add(key)
+                self._folded(g, key, order)
                 return
             e = build_entry(key, value, order)
             if not in_order:
                 self._break()
             elif base in self.apart or (g is not None and not g.orders and g is not g.first_run):
-                self.groups.pop(base, None)
+                if self.groups.pop(base, None) is not None:
+                    del self.by_next[g.next_key]
                 self.apart[base] = call + 1
             else:
                 self._start_group(base, e, value, g)   # the module's first call, or a new structure
@@ -168,8 +256,61 @@ class CallFolder:
             return
         g = _Group(e, paths, [v is None for v in nums], value, array("d", [_NAN if v is None else v for v in nums]))
         g.first_run = g if before is None else before.first_run
+        g.head = e.key.rsplit(".", 1)[0]
+        g.next_key = f"{g.head}.{g.next_call}"
+        if before is not None:
+            self.by_next.pop(before.next_key, None)
         self.groups[base] = g
+        self.by_next[g.next_key] = g
         self.runs.append(g)
+
+    def take(self, key: str, text: str, pos: int) -> int | None:
+        """The next call of a run, read from the dump's text (jsonstream.Take): where its value ends,
+        or None to have it decoded and given to :meth:`add`. The run's second call is decoded here:
+        when it folds, its text becomes the run's template, and otherwise it goes to :meth:`add` (not
+        decoded twice). A later call whose text matches the template is read from the match alone."""
+        g = self.by_next.get(key)
+        if g is None or key in self.keys:
+            return None
+        t = g.template
+        if t is None:
+            try:
+                value, end = _decoder.raw_decode(text, pos)
+            except (ValueError, RecursionError):
+                return None          # the window's end, or damage: the reader decides which
+            if type(value) is not dict:
+                return None          # maybe cut by the window's end (a number): the reader reads it
+            if self._fold_call(g, value):
+                g.template = _template(text[pos:end], g)
+                self._folded(g, key, self.count)
+                self.count += 1
+            else:
+                self.add(key, value)
+            return end
+        if t is False:
+            return None
+        m = t.pattern.match(text, pos)
+        if m is None:
+            return None
+        found = m.groups()
+        vals = list(map(float, found))
+        if "-0" in found:            # an integer zero: json reads it as int 0, which has no sign
+            vals = [0.0 if tok == "-0" else v for tok, v in zip(found, vals)]
+        if t.row is not None:
+            vals.append(_NAN)
+            vals = t.row(vals)
+        g.rows.extend(vals)
+        self._folded(g, key, self.count)
+        self.count += 1
+        return m.end()
+
+    def _folded(self, g: _Group, key: str, order: int) -> None:
+        """Call ``key`` (at file position ``order``) joined run ``g``."""
+        g.orders.append(order)
+        del self.by_next[g.next_key]
+        g.next_key = f"{g.head}.{g.next_call}"
+        self.by_next[g.next_key] = g
+        self.keys.add(key)
 
     def _fold_call(self, g: _Group, value: dict) -> bool:
         taken: list = []
@@ -211,4 +352,5 @@ class CallFolder:
                           for i, order in enumerate(g.orders, start=1)]
         self.kept.sort(key=lambda oe: oe[0])
         self.groups.clear()
+        self.by_next.clear()
         self.runs.clear()

@@ -13,9 +13,10 @@ Bare ``NaN``, ``Infinity`` and ``-Infinity`` tokens, which msprobe writes, are a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import InputError
 from ..records import Salvage
@@ -27,6 +28,10 @@ _WS = " \t\n\r"
 # a number's dangling "e-"), with room to spare.
 _TOKEN_TAIL = 16
 _decoder = json.JSONDecoder()
+# The separator before an entry and its key up to the value, in one match, for a key without escapes
+# or control characters (its text is its value, as JSON decodes it): the usual key. Any other text
+# (the end of ``data``, an escaped key, the window's end, damage) takes the general path.
+_PLAIN_KEY = re.compile(r'[ \t\n\r]*,?[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
 
 
 @dataclass
@@ -133,12 +138,22 @@ def _cut_by_window_end(exc: json.JSONDecodeError, n: int) -> bool:
     return exc.msg.startswith("Unterminated string") or exc.pos >= n - _TOKEN_TAIL
 
 
-def iter_entries(path: Path, state: StreamState) -> Iterator[tuple[str, Any]]:
+# take(key, text, pos): the index in ``text`` where the entry value starting at ``pos`` ends, when
+# the caller read that value itself; None to have it decoded and yielded.
+Take = Callable[[str, str, int], "int | None"]
+
+
+def iter_entries(path: Path, state: StreamState, take: Take | None = None) -> Iterator[tuple[str, Any]]:
     """Yield ``(key, entry)`` pairs of the ``data`` member in file order.
 
     Other top-level members land in ``state.header``. A file that is not a JSON object
     raises :class:`InputError`; damage or truncation after the start of ``data`` stops
     the iteration and records a :class:`Salvage` in ``state.salvage``.
+
+    ``take``, when given, is offered each entry's value as text before it is decoded (the window
+    and the value's start): a caller that recognises the value reads it there and returns where it
+    ends, and that entry is not yielded; it still counts as read for the salvage note. A value the
+    window holds only part of cannot be recognised, so it is decoded as usual.
     """
     try:
         fh = open(path, "r", encoding="utf-8", errors="surrogateescape")
@@ -173,18 +188,31 @@ def iter_entries(path: Path, state: StreamState) -> Iterator[tuple[str, Any]]:
                 buf.expect("{")
                 in_data = True
                 while True:
-                    ch = buf.skip_ws()
-                    if ch == "}":
-                        buf.pos += 1
-                        in_data = False
-                        break
-                    if ch == ",":
-                        buf.pos += 1
+                    m = _PLAIN_KEY.match(buf.text, buf.pos)
+                    if m is not None:
+                        key = m.group(1)
+                        buf.pos = m.end()
+                    else:
+                        ch = buf.skip_ws()
+                        if ch == "}":
+                            buf.pos += 1
+                            in_data = False
+                            break
+                        if ch == ",":
+                            buf.pos += 1
+                            buf.skip_ws()
+                        key = buf.value()
+                        if not isinstance(key, str):
+                            raise ValueError("entry key is not a string")
+                        buf.expect(":")
                         buf.skip_ws()
-                    key = buf.value()
-                    if not isinstance(key, str):
-                        raise ValueError("entry key is not a string")
-                    buf.expect(":")
+                    if take is not None:
+                        end = take(key, buf.text, buf.pos)
+                        if end is not None:
+                            buf.pos = end
+                            last_key = key
+                            count += 1
+                            continue
                     entry = buf.value()
                     yield key, entry
                     last_key = key

@@ -3,7 +3,9 @@
 Parsing JSON is CPU-bound and the standard library holds the GIL while it does it, so the two
 sides (and the ranks of a tensor-parallel side) are read in separate processes. Each worker
 returns its :class:`Dump` already folded (loaders/folding.py), which keeps what travels back
-small. Small inputs are read in this process: starting workers costs more than it saves.
+small. Inputs are read in this process when the files besides the largest are small: reading runs
+no faster than the largest file alone, so workers would only add their start and the trip back
+(a generation's one large engine dump beside a small trainer dump).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 from ..records import Dump
 
+# Bytes outside the largest file (the work that can run beside it) from which workers pay.
 PARALLEL_MIN_BYTES = 32 << 20
 
 
@@ -38,7 +41,7 @@ def load_files(paths: list, load: Callable[[Any], Dump], jobs: int | None = None
     """
     sizes = [input_size(p) for p in paths]
     if jobs is None:
-        jobs = default_jobs() if sum(sizes) >= PARALLEL_MIN_BYTES else 1
+        jobs = default_jobs() if sum(sizes) - max(sizes, default=0) >= PARALLEL_MIN_BYTES else 1
     jobs = max(1, min(jobs, len(paths)))
     say = progress or (lambda _msg: None)
     start = time.perf_counter()

@@ -27,15 +27,41 @@ def _shape(path: str) -> str:
     return _NUMBER.sub("#", path)
 
 
-def _caller(key: str, raw_path: str, construct: dict) -> str | None:
+class _Parents:
+    """The module path of each parent construct.json names. A generation names a parent per call
+    (thousands) among a few hundred modules: parsed once per key without its call number, which
+    leaves the parse unchanged (a module key's path lies before the number; no other key ends in
+    one)."""
+
+    def __init__(self, construct: dict):
+        self.construct = construct
+        self.paths: dict[str, str | None] = {}
+
+    def path(self, key: str) -> str | None:
+        """The path of the module that made call ``key`` (None: no parent, or not a module)."""
+        parent = self.construct.get(key)
+        if not isinstance(parent, str):
+            return None
+        head, _, tail = parent.rpartition(".")
+        if not tail.isdecimal():
+            return _module_path(parent)
+        if head not in self.paths:
+            self.paths[head] = _module_path(parent)
+        return self.paths[head]
+
+
+def _module_path(key: str) -> str | None:
+    parsed = parse_key(key)
+    return parsed[1] if parsed is not None and parsed[0] == "module" else None
+
+
+def _caller(key: str, raw_path: str, parents: _Parents) -> str | None:
     """The path of the block that made call ``key`` of module ``raw_path`` when it is not the
     module's own parent path but the same place in another numbered block; None otherwise."""
-    parent = construct.get(key)
-    parsed = parse_key(parent) if isinstance(parent, str) else None
-    if parsed is None or parsed[0] != "module" or "." not in raw_path:
+    path = parents.path(key)
+    if path is None or "." not in raw_path:
         return None
     own = raw_path.rsplit(".", 1)[0]
-    path = parsed[1]
     return path if path != own and _shape(path) == _shape(own) else None
 
 
@@ -46,7 +72,7 @@ def _counterpart(e: Entry | None, own: str, caller: str) -> str | None:
     return f"Module.{caller}{e.raw_path[len(own):]}.{e.cls}.{e.direction}.{e.call}"
 
 
-def _parent_paths(entries: list[Entry], construct: dict) -> dict[str, set]:
+def _parent_paths(entries: list[Entry], parents: _Parents) -> dict[str, set]:
     """Per module path, the paths of the modules its calls were made from."""
     out: dict[str, set] = {}
     for e in entries:
@@ -54,10 +80,9 @@ def _parent_paths(entries: list[Entry], construct: dict) -> dict[str, set]:
             continue
         base = e.key.rsplit(".", 1)[0]
         for c in range(e.call, e.call + e.n_calls):
-            parent = construct.get(f"{base}.{c}")
-            parsed = parse_key(parent) if isinstance(parent, str) else None
-            if parsed is not None and parsed[0] == "module":
-                out.setdefault(e.raw_path, set()).add(parsed[1])
+            path = parents.path(f"{base}.{c}")
+            if path is not None:
+                out.setdefault(e.raw_path, set()).add(path)
     return out
 
 
@@ -67,7 +92,8 @@ def attribute(entries: list[Entry], construct: dict | None) -> tuple[list[Entry]
     together (one parent each, named in another numbering) is not one object reused."""
     if not construct:
         return entries, []
-    shared = {p for p, parents in _parent_paths(entries, construct).items() if len(parents) > 1}
+    parents = _Parents(construct)
+    shared = {p for p, made_by in _parent_paths(entries, parents).items() if len(made_by) > 1}
     if not shared:
         return entries, []
     seen: dict[tuple, int] = {}
@@ -82,7 +108,7 @@ def attribute(entries: list[Entry], construct: dict | None) -> tuple[list[Entry]
         # The entry's calls (a folded run holds several) grouped by the block that made each.
         by_caller: dict[str | None, list[int]] = {}
         for i in range(e.n_calls):
-            by_caller.setdefault(_caller(f"{base}.{e.call + i}", e.raw_path, construct), []).append(i)
+            by_caller.setdefault(_caller(f"{base}.{e.call + i}", e.raw_path, parents), []).append(i)
         for caller, picks in by_caller.items():
             sub = select_calls(e, picks)
             if caller is None:
