@@ -223,11 +223,11 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
     results = Executor(views["train"], views["rollout"], tolerances, use_tensors=use_tensors,
                        jobs=(args.jobs or default_jobs()) if tensor_files else 1, given_ids=setup.given,
                        bounds=not any(refs.values()), temperature=args.logprob_temperature).run(plan.comparisons)
+    unpaired = {}
     if any(refs.values()):
         loaded.say("checking parameters against the reference checkpoint")
         reference.check(results, plan.comparisons, views, refs, tolerances, use_tensors)
-    unpaired = reference.unpaired(plan.comparisons, recs, views, refs, tolerances, use_tensors) \
-        if any(refs.values()) else {}
+        unpaired = reference.unpaired(plan.comparisons, recs, views, refs, tolerances, use_tensors)
     # Tensor mode: replay the standard modules of each side from its own tensors (replay/).
     replays = replay.run(recs, views, refs, tolerances) if tensor_files else None
     # Whether the checkpoint is the one these dumps ran: without a fit, nothing names a side from it.

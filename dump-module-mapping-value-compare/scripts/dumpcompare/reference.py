@@ -135,17 +135,27 @@ def expert_names(ref: SideReference, point: str) -> list[str] | None:
     return names
 
 
+def _expert_parts(arrays: list[np.ndarray], gate_up: bool) -> list[np.ndarray]:
+    """The checkpoint's expert tensors as [E, I, H] gate and up (``down``: one [E, H, I])."""
+    if len(arrays) == 1:            # stacked in the checkpoint: its halves are gate and up
+        return np.split(arrays[0], 2, axis=1) if gate_up else arrays
+    k = 2 if gate_up else 1
+    return [np.stack(arrays[i::k]) for i in range(k)]
+
+
+def stacked_experts(arrays: list[np.ndarray], point: str) -> np.ndarray:
+    """The experts stacked as an engine holds them whole: [E, 2I, H] with each expert's [gate; up]
+    rows (``down``: [E, H, I])."""
+    return np.concatenate(_expert_parts(arrays, ".gate_up." in point), axis=1)
+
+
 def expert_layouts(arrays: list[np.ndarray], point: str, shape: tuple | None,
                    ranks: list[int]) -> list[tuple[str, np.ndarray]]:
-    """Candidate arrangements of stacked experts: [E, 2I, H] with each expert's [gate; up] rows
-    (``down``: [E, H, I]); under tensor parallelism each rank holds [gate_r; up_r] of every expert
-    (down: its slice of I), and merged ranks are those shards side by side."""
+    """Candidate arrangements of stacked experts: whole (:func:`stacked_experts`); under tensor
+    parallelism each rank holds [gate_r; up_r] of every expert (down: its slice of I), and merged
+    ranks are those shards side by side."""
     gate_up = ".gate_up." in point
-    if len(arrays) == 1:            # stacked in the checkpoint: its halves are gate and up
-        parts = np.split(arrays[0], 2, axis=1) if gate_up else arrays
-    else:
-        k = 2 if gate_up else 1
-        parts = [np.stack(arrays[i::k]) for i in range(k)]
+    parts = _expert_parts(arrays, gate_up)
     full = np.concatenate(parts, axis=1)
     cands = [("stacked per expert", full)]
     if shape is not None and tuple(full.shape) == tuple(shape) and not ranks:
@@ -354,12 +364,12 @@ def unpaired(plans, recs: dict, views: dict, refs: dict, tolerances: dict, use_t
     other side's missing copy does not make the visible one unjudgeable (output_3
     ``reference.<side>.unpaired_parameters``)."""
     out: dict[str, list[dict]] = {}
+    planned = {p.point for p in plans}
     for side, ref in refs.items():
         if ref is None:
             continue
         # A leaf any comparison reads (a part of a fused composite included) is judged by check().
         carried = {(c.rec, c.leaf) for p in plans for c in getattr(p, side)}
-        planned = {p.point for p in plans}
         seen, found = set(), []
         for r in recs[side]:
             if r.kind != "module" or r.direction != "forward":

@@ -134,15 +134,14 @@ def _fused_experts(rec, leaves, view, act, bias):
 def checkpoint_experts(ref, layer: int, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(w13 [E, 2I, H] = [gate; up] per expert, w2 [E, H, I]) of ``layer`` as the checkpoint holds
     them, rounded to ``dtype``; None when the checkpoint names no experts there."""
-    from ..reference import expert_layouts, expert_names
+    from ..reference import expert_names, stacked_experts
     out = []
     for part in ("gate_up", "down"):
         point = f"L{layer}.experts.{part}.weight"
         names = expert_names(ref, point)
         if not names:
             return None
-        arrays = [to_dtype(ref.checkpoint.read(n), dtype) for n in names]
-        out.append(dict(expert_layouts(arrays, point, None, []))["stacked per expert"])
+        out.append(stacked_experts([to_dtype(ref.checkpoint.read(n), dtype) for n in names], point))
     return out[0], out[1]
 
 
