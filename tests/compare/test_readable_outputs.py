@@ -2,6 +2,7 @@
 output_4's markdown starting with what an agent needs first."""
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, field
 
@@ -18,16 +19,20 @@ def test_small_json_outputs_are_indented_and_exact(tmp_path):
     assert json.loads(text) == {"schema_version": "2.1", **doc, "bad": "NaN"}
 
 
-def test_json_outputs_above_the_threshold_stay_compact(tmp_path, monkeypatch):
+def test_json_outputs_above_the_threshold_are_compact_with_a_record_per_line(tmp_path, monkeypatch):
     doc = {"results": [{"cid": i, "error": i / 7} for i in range(50)], "bad": float("inf")}
     outputs.write_json(tmp_path / "small.json", doc)
     size = len((tmp_path / "small.json").read_text().splitlines())
     assert size > 100
     monkeypatch.setattr(outputs, "INDENT_MAX_CHARS", 1000)
     outputs.write_json(tmp_path / "big.json", doc)
-    text = (tmp_path / "big.json").read_text()
-    assert text.count("\n") == 1 and len(text) > 1000
-    assert json.loads(text) == json.loads((tmp_path / "small.json").read_text())
+    lines = (tmp_path / "big.json").read_text().splitlines()
+    # The document's members and each record of its long list on a line of their own.
+    assert lines[:3] == ["{", '"schema_version":"2.1",', '"results":[']
+    assert lines[3:53] == [json.dumps({"cid": i, "error": i / 7}, separators=(",", ":")) + ","[:i < 49]
+                           for i in range(50)]
+    assert lines[53:] == ["],", '"bad":"Infinity"', "}"]
+    assert json.loads("\n".join(lines)) == json.loads((tmp_path / "small.json").read_text())
 
 
 def test_outputs_are_indented_and_markdown_starts_with_the_finding(synth_dirs):
@@ -68,7 +73,10 @@ def test_large_outputs_are_written_record_by_record_as_one_pass_would_write_them
     outputs.write_json(tmp_path / "big.json", doc)
     text = (tmp_path / "big.json").read_text(encoding="utf-8")
     body = {"schema_version": outputs.SCHEMA_VERSION, **doc, "rows": list(doc["rows"])}
-    assert text == json.dumps(outputs.clean(body), ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+    # Newlines stand between tokens only: without them the text is the one-pass compact text.
+    assert text.replace("\n", "") == json.dumps(outputs.clean(body), ensure_ascii=False, allow_nan=False,
+                                                separators=(",", ":"))
+    assert text.splitlines()[1:4] == ['"schema_version":"2.1",', '"results":[', '{"cid":"c0","error":0.0,"parts":[0,"ü\u202e"]},']
     back = json.loads(text)
     assert back["results"][7] == {"cid": "c7", "error": "NaN", "parts": [7, "ü\u202e"]}
     assert back["results"][6]["error"] == 2.0 and back["rows"][7] == {"cid": "c7", "e": "NaN"}
@@ -84,3 +92,37 @@ def test_the_report_reads_the_results_as_the_written_outputs_hold_them(synth_dir
     assert any(r["status"] not in ("match", "drift") for r in doc3["results"])
     page = (out.dir / htmlreport.REPORT).read_text(encoding="utf-8")
     assert page == htmlreport.render(doc3, doc4, doc1["sources"])
+
+
+def test_csv_cells_of_every_kind_are_written_as_the_one_rule_gives_them(tmp_path):
+    """The per-type fast path of the CSV writer keeps safetext.csv_cell's rule and the list,
+    non-finite and float forms (hostile names get the apostrophe, numbers written as text do not)."""
+    row = ["=cmd", "-1.5", "'x", "plain", "", 3, True, None, 0.1234567, float("nan"), float("-inf"),
+           ["a", "=b"], ["=a", "b"], [[64, 64], [32, 64]], [None, "x"], (1, 2.5), [float("inf")]]
+    outputs.write_csv(tmp_path / "v.csv", [f"c{i}" for i in range(len(row))], [row])
+    with open(tmp_path / "v.csv", newline="", encoding="utf-8") as fh:
+        got = list(csv.reader(fh))[1]
+    assert got == ["'=cmd", "-1.5", "''x", "plain", "", "3", "True", "", "0.123457", "NaN", "-Infinity",
+                   "a;=b", "'=a;b", "64;64;32;64", ";x", "1;2.5", "Infinity"]
+
+
+def test_a_lazy_members_table_is_written_and_read_as_the_dict_it_stands_for(tmp_path, monkeypatch):
+    """outputs.Members (output_4 vocabulary.points) makes each value when written or read: the
+    small (indented) and large (a member per line) files and the report's view hold the same dict."""
+    made = []
+
+    def form(key):
+        made.append(key)
+        return {"name": key, "x": float("nan") if key == "b" else len(key)}
+    table = outputs.Members(form, ["a", "b", "cc"])
+    want = {"a": {"name": "a", "x": 1}, "b": {"name": "b", "x": "NaN"}, "cc": {"name": "cc", "x": 2}}
+    outputs.write_json(tmp_path / "small.json", {"vocabulary": {"points": table}})
+    monkeypatch.setattr(outputs, "INDENT_MAX_CHARS", 10)
+    outputs.write_json(tmp_path / "big.json", {"vocabulary": {"points": table}})
+    big = (tmp_path / "big.json").read_text(encoding="utf-8")
+    for name in ("small.json", "big.json"):
+        assert json.loads((tmp_path / name).read_text(encoding="utf-8"))["vocabulary"]["points"] == want
+    assert '\n"cc":{"name":"cc","x":2}\n' in big
+    view = outputs.clean_view({"points": table})["points"]
+    assert dict(view.items()) == want and view.get("zz") is None
+    assert made and "zz" not in made

@@ -1,6 +1,7 @@
 """Build the four output documents (plain dicts and table rows) from the pipeline's records."""
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from . import vocabulary
@@ -120,14 +121,16 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
         "parameters_grad_entries": {s: _count(rs, PARAM_GRAD) for s, rs in recs.items()},
         "api_entries": {s: sum(1 for r in rs if r.kind == "api") for s, rs in recs.items()},
     }
-    pairs = [{"pair_id": p.pid, "kind": p.kind, "layer": p.layer, "block": p.block, "role": p.role,
-              "train_modules": [train[i].path for i in p.train],
-              "rollout_modules": [rollout[i].path for i in p.rollout],
-              "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
-              "aligned_by": p.aligned_by, "note": p.note, "points": p.points} for p in plan.pairs]
-    one_sided = [{**_one_sided_record(o, recs[o.side][o.rec]),
-                  "points": {io: [p.point for p in recs[o.side][o.rec].ports if p.io == io]
-                             for io in ("in", "out", "param")}} for o in plan.one_sided]
+    def pair(p) -> dict:
+        return {"pair_id": p.pid, "kind": p.kind, "layer": p.layer, "block": p.block, "role": p.role,
+                "train_modules": [train[i].path for i in p.train],
+                "rollout_modules": [rollout[i].path for i in p.rollout],
+                "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
+                "aligned_by": p.aligned_by, "note": p.note, "points": p.points}
+    def one_sided(o) -> dict:
+        return {**_one_sided_record(o, recs[o.side][o.rec]),
+                "points": {io: [p.point for p in recs[o.side][o.rec].ports if p.io == io]
+                           for io in ("in", "out", "param")}}
     def comparison(c) -> dict:
         return {"cid": c.cid, "point": c.point, "kind": c.kind, "axis": c.axis,
                 "train": [{"key": train[x.rec].key, "module": train[x.rec].path, "leaf": x.leaf} for x in c.train],
@@ -137,15 +140,16 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
                 "stitched": c.stitched,
                 "heads": [{"what": what, "side": s, "key": recs[s][x.rec].key, "leaf": x.leaf}
                           for what, s, x in c.heads]}
-    doc = {"summary": summary, "pairs": pairs, "one_sided": one_sided,
+    # Records: each record is made as it is written (the CSV rows make their own from the plan).
+    doc = {"summary": summary, "pairs": Records(pair, plan.pairs), "one_sided": Records(one_sided, plan.one_sided),
            "comparisons": Records(comparison, plan.comparisons), "unmatched_points": plan.unmatched_points}
     header = ["pair_id", "kind", "layer", "block", "role", "train_modules", "rollout_modules", "expected", "note"]
-    rows = [[p["pair_id"], p["kind"], p["layer"], p["block"], p["role"], p["train_modules"],
-             p["rollout_modules"], "", p["note"] or ""] for p in pairs]
-    rows += [["", f"{o['side']}_only", o["layer"], o["block"], o["role"],
-              o["module"] if o["side"] == "train" else "", o["module"] if o["side"] == "rollout" else "",
-              o["expected"], o["reason"]] for o in one_sided]
-    return doc, [header, rows]
+    pair_rows = ([p.pid, p.kind, p.layer, p.block, p.role, [train[i].path for i in p.train],
+                  [rollout[i].path for i in p.rollout], "", p.note or ""] for p in plan.pairs)
+    one_rows = (["", f"{o.side}_only", r.layer, r.block, r.role, r.path if o.side == "train" else "",
+                 r.path if o.side == "rollout" else "", o.expected, o.reason]
+                for o in plan.one_sided for r in (recs[o.side][o.rec],))
+    return doc, [header, itertools.chain(pair_rows, one_rows)]
 
 
 def mode(results: list[Result]) -> str:
@@ -212,19 +216,19 @@ def output_4(verdicts: list[ModuleVerdict], first: dict, plan: MappingPlan, resu
     """Module analysis: verdicts in train order, first divergence, one-sided module point statuses;
     ``forward`` and ``fit``: the reference forward's summary and the checkpoint's fit (None without one)."""
     by_point = {r.point: r for r in results if r.pair is None}
-    one_sided = []
-    for o in plan.one_sided:
+    def one_sided(o) -> dict:
         r = recs[o.side][o.rec]
         pts = {io: [{"point": p.point, "cid": by_point[p.point].cid if p.point in by_point else None,
                      "status": by_point[p.point].status if p.point in by_point else "not_compared"}
                     for p in r.ports if p.io == io] for io in ("in", "out", "param")}
-        one_sided.append({**_one_sided_record(o, r), "points": pts})
+        return {**_one_sided_record(o, r), "points": pts}
     doc = {"partial": partial, "comparability": comparability, "first_divergence": first,
            "summary": {"by_status": dict(Counter(v.status for v in verdicts)),
                        "by_rank": dict(Counter(v.module_priority_rank for v in verdicts))},
            "rank_meanings": {str(k): v for k, v in RANK_MEANINGS.items()},
            "vocabulary": vocabulary.published(_point_names(results, recs)),
-           "modules": verdicts, "one_sided": one_sided, "reference_forward": forward, "reference_fit": fit}
+           "modules": verdicts, "one_sided": Records(one_sided, plan.one_sided), "reference_forward": forward,
+           "reference_fit": fit}
     return doc, _markdown_4(verdicts, first, partial, comparability)
 
 

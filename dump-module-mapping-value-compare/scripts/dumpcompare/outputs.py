@@ -9,12 +9,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+from operator import attrgetter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import atomicfile
-from .safetext import csv_cell
+from .safetext import CSV_RISKY_FIRST, csv_cell
 
 SCHEMA_VERSION = "2.1"   # 2.1: --logprob-temperature (output_3 logprob.temperature, tokens at T)
 # output_4 alone: 2.2 adds ``vocabulary`` (references/output_schemas.md, "Versioning").
@@ -30,6 +31,9 @@ COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "out
 OUR_OUTPUTS = COMPARE_OUTPUTS + ("output_5_root_cause_report.json", "output_5_root_cause_report.md")
 # JSON outputs whose compact form is longer than this stay compact (see write_json).
 INDENT_MAX_CHARS = 2 << 20
+# Lists and dicts near the top of a large JSON output holding more items than this are written
+# one item per line (see _pieces); shorter ones stay on their parent's line.
+LINE_ITEMS = 8
 
 
 # Exact types clean() returns unchanged.
@@ -49,6 +53,27 @@ class Records:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class Members(Mapping):
+    """A dict of output members, each value made from its key when it is read (written as a JSON
+    object): a large table of derived values (output_4 ``vocabulary.points``) is then never held
+    whole; only its keys are."""
+    __slots__ = ("_make", "_keys")
+
+    def __init__(self, make: Callable[[str], Any], keys: Iterable[str]):
+        self._make, self._keys = make, dict.fromkeys(keys)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._make(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def clean(obj: Any) -> Any:
@@ -72,6 +97,8 @@ def clean(obj: Any) -> Any:
                 v if (tv := type(v)) in _KEPT or tv is float and v - v == 0.0 else clean(v) for k, v in obj.items()}
     if t is list or t is tuple:
         return [v if (tv := type(v)) in _KEPT or tv is float and v - v == 0.0 else clean(v) for v in obj]
+    if t is Members:
+        return {k: clean(v) for k, v in obj.items()}
     names = _written(t)
     if names is not None:
         return {name: v if (tv := type(v := getattr(obj, name))) in _KEPT or tv is float and v - v == 0.0
@@ -128,19 +155,35 @@ def _written(cls: type) -> tuple[str, ...] | None:
         return names
 
 
-def _record(obj: Any) -> dict | None:
-    """A dataclass's fields as written; None for anything else."""
-    names = _written(type(obj))
-    return None if names is None else {name: getattr(obj, name) for name in names}
+_GETTERS: dict[type, Callable[[Any], tuple] | None] = {}
+
+
+def _getter(cls: type) -> Callable[[Any], tuple] | None:
+    """A function giving a dataclass's written fields' values as a tuple (operator.attrgetter: one
+    C call per record where a getattr per field was a fifth of the writing time), once per class;
+    None for a class that is not a dataclass."""
+    try:
+        return _GETTERS[cls]
+    except KeyError:
+        names = _written(cls)
+        get = None if names is None else attrgetter(*names) if len(names) > 1 else (
+            lambda obj, _names=names: tuple(getattr(obj, n) for n in _names))
+        _GETTERS[cls] = get
+        return get
 
 
 def _fields(obj: Any) -> dict | list:
-    if type(obj) is Records:
+    """What the JSON encoder writes for a value it does not know: a Records' list, a dataclass's
+    written fields."""
+    t = type(obj)
+    if t is Records:
         return list(obj)
-    record = _record(obj)
-    if record is None:
-        raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-    return record
+    if t is Members:
+        return dict(obj.items())
+    get = _getter(t)
+    if get is None:
+        raise TypeError(f"not JSON serialisable: {t.__name__}")
+    return dict(zip(_WRITTEN[t], get(obj)))
 
 
 def _encode(body: dict, **opts) -> str:
@@ -163,45 +206,55 @@ def _compact(obj: Any) -> str:
         return _COMPACT_CLEANED.encode(clean(obj))
 
 
-def _pieces(obj: Any, depth: int) -> Iterator[str]:
+def _pieces(obj: Any, depth: int, top: bool = False) -> Iterator[str]:
     """The compact JSON of ``obj`` (the text json.dumps gives with separators (",", ":")) in
-    pieces: the members of a dict and the items of a list ``depth`` levels down are each encoded
-    alone, so the text is never whole in memory and a NaN in one record sends that record alone,
-    not the whole document, through clean()."""
+    pieces, with a newline before each member of the ``top`` object and before each item of a
+    list or dict of more than LINE_ITEMS items (a Records or Members always) ``depth`` levels down
+    or less.
+
+    Each item of such a list (a record) is encoded alone, as is each member of a dict, so the text
+    is never whole in memory and a NaN in one record sends that record alone, not the whole
+    document, through clean(). Newlines stand only between tokens: removing them gives the
+    compact text back, and a reader finds one record per line.
+    """
     t = type(obj)
-    if depth and t is dict and all(type(k) is str for k in obj):
-        sep = "{"
+    if depth and (t is Members or t is dict and all(type(k) is str for k in obj)):
+        if not obj:
+            yield "{}"
+            return
+        nl = "\n" if top or t is Members or len(obj) > LINE_ITEMS else ""
+        sep = "{" + nl
         for k, v in obj.items():
             yield sep + _COMPACT.encode(k) + ":"
             yield from _pieces(v, depth - 1)
-            sep = ","
-        yield "{}" if sep == "{" else "}"
-    elif depth and (t is list or t is tuple or t is Records):
-        sep = "["
+            sep = "," + nl
+        yield nl + "}"
+    elif depth and (t is Records or (t is list or t is tuple) and len(obj) > LINE_ITEMS):
+        sep = "[\n"
         for v in obj:
-            yield sep
-            yield from _pieces(v, depth - 1)
-            sep = ","
-        yield "[]" if sep == "[" else "]"
+            yield sep + _compact(v)
+            sep = ",\n"
+        yield "[]" if sep == "[\n" else "\n]"
     else:
         yield _compact(obj)
 
 
 def write_json(path: Path, doc: dict, version: str = SCHEMA_VERSION) -> None:
     """Write a JSON document with ``schema_version`` (``version``) first: indented when small,
-    compact when large.
+    one record per line when large.
 
     Indentation makes a file an agent reads whole readable; above INDENT_MAX_CHARS nobody reads it
     whole, it grows by about 40% and takes 3-7x longer to encode (indentation leaves the C encoder),
-    so it stays one line (measurements in references/output_schemas.md). The compact form is
-    written record by record as it is encoded (the text of a large output is never held whole);
-    a document that turns out small is then written again, indented.
+    so it is written compact with a line per member of the document and per record of its long
+    lists (_pieces; measurements in references/output_schemas.md). That form is written as it is
+    encoded (the text of a large output is never held whole); a document that turns out small is
+    then written again, indented.
     """
     body = {"schema_version": version, **{k: v for k, v in doc.items() if k != "schema_version"}}
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomicfile.open_text(path) as fh:
         size = 0
-        for piece in _pieces(body, 2):
+        for piece in _pieces(body, 3, top=True):
             fh.write(piece)
             size += len(piece)
         if size <= INDENT_MAX_CHARS:
@@ -220,29 +273,33 @@ def write_csv(path: Path, header: list[str], rows: Iterable[list[Any]]) -> None:
     with atomicfile.open_text(path) as fh:
         w = csv.writer(fh)
         w.writerow(header)
-        for row in rows:
-            w.writerow([_csv_cell(c) for c in row])
+        w.writerows(map(_csv_row, rows))
 
 
-def _csv_cell(v: Any) -> Any:
-    """csv_cell(_cell(v)), with the commonest cells (text, whole and finite numbers, empty)
-    decided on their exact type first: a large output has millions of them."""
-    t = type(v)
-    if t is str:
-        return csv_cell(v)
-    if t is int or t is bool:
-        return v
-    if v is None:
-        return ""
-    if t is float and v - v == 0.0:
-        return f"{v:.6g}"
-    return csv_cell(_cell(v))
+def _csv_row(row: Iterable[Any]) -> list:
+    """The written cells of one row: csv_cell(_cell(v)) of each.
+
+    A large output has a million cells, and a function call per cell was most of the CSV's writing
+    time: the commonest cells are decided inline on their exact type. A string goes to csv_cell only
+    when its first character is one csv_cell may escape (safetext.CSV_RISKY_FIRST); whole numbers,
+    booleans and None are the csv writer's own (it writes None as the empty cell); a finite float
+    is formatted here; anything else (lists, non-finite or numpy numbers) takes the full path.
+    """
+    return [(c if c[:1] not in CSV_RISKY_FIRST else csv_cell(c)) if (t := type(c)) is str
+            else c if t is int or t is bool or c is None
+            else f"{c:.6g}" if t is float and c - c == 0.0
+            else csv_cell(_cell(c)) for c in row]
 
 
 def _cell(v: Any) -> Any:
     t = type(v)
     if t is str or t is int:        # clean() returns these unchanged
         return v
+    if t is list or t is tuple:
+        # Items decided on their exact type first (module names, dtypes, shape numbers): what
+        # _cell gives for each of them, without a call per item.
+        return ";".join([x if (tx := type(x)) is str else str(x) if tx is int or tx is bool
+                         else "" if x is None else str(_cell(x)) for x in v])
     v = clean(v)
     if v is None:
         return ""
@@ -266,7 +323,7 @@ class _CleanView(Mapping):
         if name not in self._names:
             raise KeyError(name)
         obj = self._obj
-        return clean(obj[name] if type(obj) is dict else getattr(obj, name))
+        return clean(obj[name] if type(obj) is dict or type(obj) is Members else getattr(obj, name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -283,6 +340,8 @@ def clean_view(obj: Any) -> Any:
         return {k if type(k) is str else str(k): clean_view(v) for k, v in obj.items()}
     if t is list or t is tuple or t is Records:
         return [_item_view(v) for v in obj]
+    if t is Members:
+        return _CleanView(obj, obj)
     return clean(obj)
 
 

@@ -18,6 +18,9 @@ import unicodedata
 # A spreadsheet reads a cell starting with one of these as a formula (or, for tab and carriage
 # return, strips them and reads what follows).
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# The first characters of every string csv_cell changes: a writer of many cells may pass it only
+# the strings starting with one of these and keep every other string as it is.
+CSV_RISKY_FIRST = frozenset(_FORMULA_START + ("'",))
 # Characters a markdown viewer reads as markup inside a table row; a backslash escapes each.
 _MARKDOWN_SPECIAL = frozenset("\\`|*[]<>&")
 # Unicode categories shown as escapes: controls (ANSI escapes, \r, \n, DEL, C1), format characters

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from . import points
+from .outputs import Members
 from .dtypes import PRECISION
 from .tolerances import BOUNDED, CLEAN, DIVERGED
 
@@ -21,4 +22,5 @@ def published(point_names: Iterable[str]) -> dict:
     return {"statuses": {"clean": list(CLEAN), "diverged": list(DIVERGED), "bounded": list(BOUNDED)},
             "dtype_precision": list(PRECISION),
             "point_words": dict(points.WORDS),
-            "points": {p: points.form(p) for p in sorted(names)}}
+            # Parsed when written or read: a large pair uses tens of thousands of point names.
+            "points": Members(points.form, sorted(names))}
