@@ -287,7 +287,7 @@ def _write(out: Path, docs: dict, say: Callable[[str], None]) -> None:
     write_csv(out / "output_3_value_compare.csv", h3, r3)
     write_json(out / "output_4_module_analysis.json", docs["doc4"], OUTPUT_4_SCHEMA_VERSION)
     write_atomic(out / "output_4_module_analysis.md", md4)
-    write_atomic(out / htmlreport.REPORT, htmlreport.render(clean_view(docs["doc3"]), clean_view(docs["doc4"]), docs["sources"]))
+    write_atomic(out / htmlreport.REPORT, htmlreport.pieces(clean_view(docs["doc3"]), clean_view(docs["doc4"]), docs["sources"]))
     # An older output_5 (root-cause report) describes other outputs: it must not stay beside these.
     remove_stale(out, COMPARE_OUTPUTS)
     say("done")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -110,9 +112,13 @@ def _span(values: list[float | None], extra: list[float | None] = ()) -> tuple[f
     return min(finite) - 1, max(finite) + 0.5
 
 
-def _svg(width: float, height: float, cls: str, body: list[str]) -> str:
+def _svg_open(width: float, height: float, cls: str) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif">' + "".join(body) + "</svg>")
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif">')
+
+
+def _svg(width: float, height: float, cls: str, body: list[str]) -> str:
+    return _svg_open(width, height, cls) + "".join(body) + "</svg>"
 
 
 # -- the log-prob view ----------------------------------------------------------------------------
@@ -244,7 +250,22 @@ def _logits_stats(lp: dict) -> str:
 
 # -- the divergence along execution order ---------------------------------------------------------
 
-def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
+@dataclass(slots=True)
+class _Item:
+    """One compared output point of the execution chart (a page of many modules holds tens of
+    thousands: slots, not dicts)."""
+    cid: str
+    point: str
+    module: str
+    rollout: str
+    status: str
+    error: float | None
+    tol: float | None
+    strict: float | None
+    structural_clean: bool
+
+
+def _items(compare: dict, analysis: dict) -> tuple[list[_Item], dict]:
     """One item per compared output point in execution order; pid -> index of its first item."""
     results = {r["cid"]: r for r in compare.get("results", [])}
     # The statuses that agree: output_4 ``vocabulary.statuses.clean`` (none for an output_4 without it).
@@ -260,11 +281,10 @@ def _items(compare: dict, analysis: dict) -> tuple[list[dict], dict]:
                 continue
             seen[p["point"]] = len(items)
             where.setdefault(m["pid"], len(items))
-            items.append({"cid": r["cid"], "point": p["point"], "module": (m["train_modules"] or m["rollout_modules"] or ["?"])[0],
-                          "rollout": ", ".join(m["rollout_modules"]), "status": r["status"],
-                          "error": num(r.get("error")), "tol": num(r.get("tolerance")),
-                          "strict": num(r.get("strict_tolerance")),
-                          "structural_clean": m["kind"] in FUSED_KINDS and r["status"] in clean})
+            items.append(_Item(r["cid"], p["point"], (m["train_modules"] or m["rollout_modules"] or ["?"])[0],
+                               ", ".join(m["rollout_modules"]), r["status"], num(r.get("error")),
+                               num(r.get("tolerance")), num(r.get("strict_tolerance")),
+                               m["kind"] in FUSED_KINDS and r["status"] in clean))
     return items, where
 
 
@@ -273,50 +293,54 @@ def _short(name: str, limit: int = 38) -> str:
     return name if len(name) <= limit else "…" + name[-(limit - 1):]
 
 
-def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
-    """Error of every compared output against its tolerance, in execution order, with the marks."""
+def execution_section(compare: dict, analysis: dict, root: dict | None) -> Iterator[str]:
+    """Error of every compared output against its tolerance, in execution order, with the marks:
+    the section's HTML in pieces (a point and its label each), so that a chart of many modules is
+    written as it is drawn and never held whole."""
     items, where = _items(compare, analysis)
     head = "<h2>2. Divergence along execution order</h2>"
     if not items:
-        return head + "<p>No module output was compared.</p>"
-    longest = max(len(_short(i["module"])) + len(i["point"]) + 3 for i in items)
+        yield head + "<p>No module output was compared.</p>"
+        return
+    longest = max(len(_short(i.module)) + len(i.point) + 3 for i in items)
     # The labels are rotated 60 degrees and end at their point: the first ones reach left of the
     # plot by about half their length, so the margin grows with the longest label.
     left, top, h, step = max(70, round(LABEL_CHAR * longest / 2) + 12), 60, 280, 16
     w = step * len(items)
-    ax = Axis(*_span([i["error"] for i in items], [i["tol"] for i in items]), top, top + h)
-    body = ax.draw(left, left + w, "error (log scale)")
-    drift_zone = False
+    ax = Axis(*_span([i.error for i in items], [i.tol for i in items]), top, top + h)
     x = [left + (k + 0.5) * step for k in range(len(items))]
+    label_room = 16 + LABEL_CHAR * 0.9 * longest
+    yield (head + "<p>Every compared module output in execution order (train side names; hover a point for "
+           "both sides). Errors above the dashed line are beyond tolerance.</p>" + _execution_legend(items, ax)
+           + '<div class="figure">' + _svg_open(left + w + 160, top + h + label_room, "chart execution"))
+    yield from ax.draw(left, left + w, "error (log scale)")
     # Tolerance band: strict..pair tolerance is the drift zone, above the pair tolerance is beyond.
     for k, it in enumerate(items):
-        if it["tol"] is None:
+        if it.tol is None:
             continue
-        yt, ys = ax.y(it["tol"]), ax.y(it["strict"] or it["tol"])
-        drift_zone = drift_zone or ys - yt > 0
-        body.append(f'<rect class="band drift-zone" x="{x[k] - step / 2:.1f}" y="{yt}" width="{step}" '
-                    f'height="{max(0.0, ys - yt):.1f}" fill="#fff3cd"/>')
-    body.append('<polyline class="tolerance" fill="none" stroke="#2e7d32" stroke-dasharray="5,3" points="'
-                + " ".join(f"{x[k]:.1f},{ax.y(it['tol'])}" for k, it in enumerate(items) if it["tol"] is not None)
-                + '"/>')
+        yt, ys = ax.y(it.tol), ax.y(it.strict or it.tol)
+        yield (f'<rect class="band drift-zone" x="{x[k] - step / 2:.1f}" y="{yt}" width="{step}" '
+               f'height="{max(0.0, ys - yt):.1f}" fill="#fff3cd"/>')
+    yield ('<polyline class="tolerance" fill="none" stroke="#2e7d32" stroke-dasharray="5,3" points="'
+           + " ".join(f"{x[k]:.1f},{ax.y(it.tol)}" for k, it in enumerate(items) if it.tol is not None)
+           + '"/>')
     for k, it in enumerate(items):
-        cls = STATUS_CLASS.get(it["status"], "other")
+        cls = STATUS_CLASS.get(it.status, "other")
         colour = COLOURS[cls]
-        tip = (f"<title>{text(it['point'])}: {text(it['module'])} (train) / {text(it['rollout'])} (rollout); "
-               f"{text(it['status'])}, error {fmt(it['error'])}, tolerance {fmt(it['tol'])}"
-               f"{'; structural pair, values agree' if it['structural_clean'] else ''}</title>")
-        y = ax.y(it["error"]) if it["error"] is not None else top + h
-        if it["structural_clean"]:
-            body.append(f'<circle class="pt {cls} structural-clean" cx="{x[k]:.1f}" cy="{y}" r="4.5" fill="white" '
-                        f'stroke="{colour}" stroke-width="2">{tip}</circle>')
-        elif it["error"] is None:
-            body.append(f'<rect class="pt {cls}" x="{x[k] - 4:.1f}" y="{y - 8}" width="8" height="8" '
-                        f'fill="{colour}">{tip}</rect>')
+        tip = (f"<title>{text(it.point)}: {text(it.module)} (train) / {text(it.rollout)} (rollout); "
+               f"{text(it.status)}, error {fmt(it.error)}, tolerance {fmt(it.tol)}"
+               f"{'; structural pair, values agree' if it.structural_clean else ''}</title>")
+        y = ax.y(it.error) if it.error is not None else top + h
+        if it.structural_clean:
+            dot = (f'<circle class="pt {cls} structural-clean" cx="{x[k]:.1f}" cy="{y}" r="4.5" fill="white" '
+                   f'stroke="{colour}" stroke-width="2">{tip}</circle>')
+        elif it.error is None:
+            dot = f'<rect class="pt {cls}" x="{x[k] - 4:.1f}" y="{y - 8}" width="8" height="8" fill="{colour}">{tip}</rect>'
         else:
-            body.append(f'<circle class="pt {cls}" cx="{x[k]:.1f}" cy="{y}" r="4" fill="{colour}">{tip}</circle>')
-        body.append(f'<text class="module-label" font-size="9" text-anchor="end" '
-                    f'transform="translate({x[k] + 3:.1f},{top + h + 8}) rotate(-60)">{text(_short(it["module"]))}'
-                    f' · {text(it["point"])}</text>')
+            dot = f'<circle class="pt {cls}" cx="{x[k]:.1f}" cy="{y}" r="4" fill="{colour}">{tip}</circle>'
+        yield (dot + f'<text class="module-label" font-size="9" text-anchor="end" '
+               f'transform="translate({x[k] + 3:.1f},{top + h + 8}) rotate(-60)">{text(_short(it.module))}'
+               f' · {text(it.point)}</text>')
     fd = analysis.get("first_divergence") or {}
     marks = []
     if fd.get("pair") in where:
@@ -328,31 +352,31 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> str:
             marks.append((where[pid], f"root cause {c.get('rank')}", "root-cause", "#c62828"))
     for n, (k, label, cls, colour) in enumerate(marks):
         y = top - 8 - 14 * (n % 3)
-        body.append(f'<g class="mark {cls}"><line x1="{x[k]:.1f}" x2="{x[k]:.1f}" y1="{y + 2}" y2="{top + h}" '
-                    f'stroke="{colour}" stroke-dasharray="3,2"/><circle cx="{x[k]:.1f}" cy="{ax.y(items[k]["error"])}"'
-                    f' r="8" fill="none" stroke="{colour}" stroke-width="2"/><text x="{x[k] + 4:.1f}" y="{y}" '
-                    f'font-size="11" fill="{colour}">{text(label)}: {text(items[k]["point"])}</text></g>')
-    label_room = 16 + LABEL_CHAR * 0.9 * longest
-    svg = _svg(left + w + 160, top + h + label_room, "chart execution", body)
-    # A legend entry only for what the chart draws.
-    dots = {it["status"] for it in items if not it["structural_clean"] and it["error"] is not None}
-    squares = {it["status"] for it in items if not it["structural_clean"] and it["error"] is None}
+        yield (f'<g class="mark {cls}"><line x1="{x[k]:.1f}" x2="{x[k]:.1f}" y1="{y + 2}" y2="{top + h}" '
+               f'stroke="{colour}" stroke-dasharray="3,2"/><circle cx="{x[k]:.1f}" cy="{ax.y(items[k].error)}"'
+               f' r="8" fill="none" stroke="{colour}" stroke-width="2"/><text x="{x[k] + 4:.1f}" y="{y}" '
+               f'font-size="11" fill="{colour}">{text(label)}: {text(items[k].point)}</text></g>')
+    yield "</svg></div>" + layer_section(compare, point_forms(analysis))
+
+
+def _execution_legend(items: list[_Item], ax: Axis) -> str:
+    """A legend entry only for what the execution chart draws."""
+    dots = {it.status for it in items if not it.structural_clean and it.error is not None}
+    squares = {it.status for it in items if not it.structural_clean and it.error is None}
     order = ("match", "drift", "mismatch", "nonfinite", "bounded", "structural", "incomparable")
     words = {"bounded": "bounded (consistent, not verified)"}
     entries = [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9679; {words.get(s, s)}</span>'
                for s in order if s in dots]
     entries += [f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9632; {s}, no error value</span>'
                 for s in order if s in squares]
-    if any(it["structural_clean"] for it in items):
+    if any(it.structural_clean for it in items):
         entries.append("<span>&#9675; structural pair (fused/by-design), values agree</span>")
-    if drift_zone:
+    # The band is drawn where the strict tolerance lies below the pair's.
+    if any(ax.y(it.strict or it.tol) - ax.y(it.tol) > 0 for it in items if it.tol is not None):
         entries.append('<span style="background:#fff3cd">drift zone</span>')
-    if any(it["tol"] is not None for it in items):
+    if any(it.tol is not None for it in items):
         entries.append('<span style="color:#2e7d32">- - tolerance</span>')
-    legend = '<p class="legend">' + " ".join(entries) + "</p>"
-    return (head + "<p>Every compared module output in execution order (train side names; hover a point for "
-            "both sides). Errors above the dashed line are beyond tolerance.</p>" + legend + _figure(svg)
-            + layer_section(compare, point_forms(analysis)))
+    return '<p class="legend">' + " ".join(entries) + "</p>"
 
 
 REF_LINES = (("train vs rollout", None, "#455a64", ""), ("train vs reference", "train", "#1565c0", "6,3"),
@@ -370,11 +394,11 @@ def reference_section(compare: dict, analysis: dict) -> str:
         return head + f"<p>The reference forward did not run: {text(rf.get('reason'))}</p>"
     items, _where = _items(compare, analysis)
     pts = rf.get("points") or {}
-    lines = [[it["error"] if side is None else num((pts.get(it["cid"], {}).get(side) or {}).get("error"))
+    lines = [[it.error if side is None else num((pts.get(it.cid, {}).get(side) or {}).get("error"))
               for it in items] for _label, side, _c, _d in REF_LINES]
     left, top, h, step = 70, 30, 240, 16
     w = step * max(1, len(items))
-    ax = Axis(*_span([v for ln in lines for v in ln], [it["tol"] for it in items]), top, top + h)
+    ax = Axis(*_span([v for ln in lines for v in ln], [it.tol for it in items]), top, top + h)
     body = ax.draw(left, left + w, "error (log scale)")
     x = [left + (k + 0.5) * step for k in range(len(items))]
     for (label, side, colour, dash), ln in zip(REF_LINES, lines):
@@ -384,10 +408,10 @@ def reference_section(compare: dict, analysis: dict) -> str:
         for k, v in enumerate(ln):
             if v is not None:
                 body.append(f'<circle cx="{x[k]:.1f}" cy="{ax.y(v)}" r="2.5" fill="{colour}"><title>{text(label)}: '
-                            f'{text(items[k]["point"])} error {fmt(v)}</title></circle>')
+                            f'{text(items[k].point)} error {fmt(v)}</title></circle>')
     for k, it in enumerate(items):
         body.append(f'<text font-size="9" text-anchor="end" transform="translate({x[k] + 3:.1f},{top + h + 8}) '
-                    f'rotate(-60)">{text(it["point"])}</text>')
+                    f'rotate(-60)">{text(it.point)}</text>')
     svg = _svg(left + w + 40, top + h + 90, "chart reference", body)
     legend = ('<p class="legend">' + " ".join(f'<span style="color:{c}">&#9473; {text(lab)}</span>'
                                               for (lab, _s, c, _d), ln in zip(REF_LINES, lines)
@@ -652,21 +676,28 @@ def _more_files(source: dict) -> str:
     return f" (+{n - 1} more: steps {source.get('steps')}, ranks {source.get('ranks')})" if n > 1 else ""
 
 
-def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None, extra: str = "") -> str:
-    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5.
-    ``extra`` is a finished HTML fragment of the caller's (the root-cause skill's log-prob triage),
-    placed beside the log-prob section it belongs with."""
+def pieces(compare: dict, analysis: dict, sources: dict, root: dict | None = None, extra: str = "") -> Iterator[str]:
+    """The page of render() in pieces, in order: a writer writes each as it comes, and the page
+    of a pair of many modules (a chart point per compared output) is never whole in memory."""
     lp = compare.get("logprob")
     logits = next((r for r in compare.get("results", []) if lp and r["cid"] == lp.get("cid")), None)
     # One row per side; a side read from several files (ranks, steps) shows how many.
     sides = "".join(f"<tr><td>{side}</td><td>{text(s.get('family'))}</td><td>{text(s.get('path'))}"
                     f"{text(_more_files(s))}</td><td>{text(s.get('task'))}</td><td>{text(s.get('level'))}</td></tr>"
                     for side, s in sources.items() if side in ("train", "rollout"))
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>train vs rollout divergence</title>"
-            f"<style>{STYLE}</style></head><body><h1>Train vs rollout divergence</h1>"
-            + answer_section(root, compare.get("mode"))
-            + "<h2>Inputs</h2><table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
-            f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
-            + logprob_section(lp, logits) + extra + execution_section(compare, analysis, root)
-            + reference_section(compare, analysis)
-            + heatmap_section(compare) + verdict_section(analysis, root) + "</body></html>\n")
+    yield ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>train vs rollout divergence</title>"
+           f"<style>{STYLE}</style></head><body><h1>Train vs rollout divergence</h1>"
+           + answer_section(root, compare.get("mode"))
+           + "<h2>Inputs</h2><table><tr><th>side</th><th>family</th><th>dump</th><th>task</th><th>level</th></tr>"
+           f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
+           + logprob_section(lp, logits) + extra)
+    yield from execution_section(compare, analysis, root)
+    yield (reference_section(compare, analysis) + heatmap_section(compare) + verdict_section(analysis, root)
+           + "</body></html>\n")
+
+
+def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None, extra: str = "") -> str:
+    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5.
+    ``extra`` is a finished HTML fragment of the caller's (the root-cause skill's log-prob triage),
+    placed beside the log-prob section it belongs with."""
+    return "".join(pieces(compare, analysis, sources, root, extra))

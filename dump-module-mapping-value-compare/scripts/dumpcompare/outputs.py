@@ -121,10 +121,15 @@ def _clean_subclass(obj: Any) -> Any:
     return obj
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (atomicfile.write_text), creating its folder."""
+def write_atomic(path: Path, text: str | Iterable[str]) -> None:
+    """Write ``text`` (a string, or its pieces in order) to ``path`` atomically (atomicfile), creating
+    its folder; pieces are written as they come."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomicfile.write_text(path, text)
+    with atomicfile.open_text(path) as fh:
+        if isinstance(text, str):
+            fh.write(text)
+        else:
+            fh.writelines(text)
 
 
 def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:
@@ -323,7 +328,13 @@ class _CleanView(Mapping):
         if name not in self._names:
             raise KeyError(name)
         obj = self._obj
-        return clean(obj[name] if type(obj) is dict or type(obj) is Members else getattr(obj, name))
+        v = obj[name] if type(obj) is dict or type(obj) is Members else getattr(obj, name)
+        # Most fields are text, whole numbers or finite floats, which clean() keeps: no call for them.
+        return v if (tv := type(v)) in _KEPT or tv is float and v - v == 0.0 else clean(v)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Mapping.get without its exception: the report asks for absent fields often."""
+        return self[name] if name in self._names else default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -350,7 +361,19 @@ def _item_view(obj: Any) -> Any:
     if t is dict and all(type(k) is str for k in obj):
         return _CleanView(obj, obj)
     names = _written(t)
-    return clean(obj) if names is None else _CleanView(obj, names)
+    return clean(obj) if names is None else _CleanView(obj, _name_set(t))
+
+
+_NAME_SETS: dict[type, dict[str, None]] = {}
+
+
+def _name_set(cls: type) -> dict[str, None]:
+    """A dataclass's written field names in order, as dict keys: a view looks a name up on every
+    read (a tuple was a scan of up to thirty names each time)."""
+    names = _NAME_SETS.get(cls)
+    if names is None:
+        names = _NAME_SETS[cls] = dict.fromkeys(_written(cls))
+    return names
 
 
 def fmt(x: Any) -> str:
