@@ -19,19 +19,23 @@ _NUMERIC_KEYS = {"error", "margin", "amplification", "input_error", "parameter_e
                  "tolerance", "strict_tolerance"}
 
 
-def _numbers(obj):
-    """Turn the sibling's 'NaN'/'Infinity' strings back into floats in its numeric fields."""
-    if isinstance(obj, dict):
-        return {k: (_NONFINITE.get(v, v) if k in _NUMERIC_KEYS and isinstance(v, str) else _numbers(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_numbers(v) for v in obj]
-    return obj
+def _numbers(obj: dict) -> dict:
+    """The sibling's 'NaN'/'Infinity' strings turned back into floats in a JSON object's numeric
+    fields; the object itself when it has none.
+
+    The parser's object hook: it is called once per object, innermost first, so every object of a
+    file is seen once, and only one holding such a string is copied. A walk over every value of
+    the parsed files, copying each, took longer than parsing them on a pair of many modules.
+    """
+    if _NUMERIC_KEYS.isdisjoint(obj):
+        return obj
+    swap = {k: _NONFINITE[v] for k in _NUMERIC_KEYS.intersection(obj) if type(v := obj[k]) is str and v in _NONFINITE}
+    return {**obj, **swap} if swap else obj
 
 
 def _read(path: Path) -> dict:
     try:
-        doc = _numbers(json.loads(path.read_text(encoding="utf-8")))
+        doc = json.loads(path.read_text(encoding="utf-8"), object_hook=_numbers)
     except FileNotFoundError:
         raise EvidenceError(f"{path}: missing (the compare step did not write it)") from None
     except (OSError, ValueError) as exc:
