@@ -115,6 +115,7 @@ def test_a_lazy_members_table_is_written_and_read_as_the_dict_it_stands_for(tmp_
         made.append(key)
         return {"name": key, "x": float("nan") if key == "b" else len(key)}
     table = outputs.Members(form, ["a", "b", "cc"])
+    assert "a" in table and "zz" not in outputs.clean_view({"t": table})["t"] and not made   # asked, not made
     want = {"a": {"name": "a", "x": 1}, "b": {"name": "b", "x": "NaN"}, "cc": {"name": "cc", "x": 2}}
     outputs.write_json(tmp_path / "small.json", {"vocabulary": {"points": table}})
     monkeypatch.setattr(outputs, "INDENT_MAX_CHARS", 10)

@@ -69,6 +69,9 @@ class Members(Mapping):
             raise KeyError(key)
         return self._make(key)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys        # Mapping's would make the value to find out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 
@@ -329,12 +332,18 @@ class _CleanView(Mapping):
             raise KeyError(name)
         obj = self._obj
         v = obj[name] if type(obj) is dict or type(obj) is Members else getattr(obj, name)
-        # Most fields are text, whole numbers or finite floats, which clean() keeps: no call for them.
-        return v if (tv := type(v)) in _KEPT or tv is float and v - v == 0.0 else clean(v)
+        # Most fields are text, whole numbers or finite floats, which clean() keeps: no call for
+        # them; a nested dict is a view in turn (the report reads a part of a module's points).
+        if (tv := type(v)) in _KEPT or tv is float and v - v == 0.0:
+            return v
+        return _item_view(v) if tv is dict else clean(v)
 
     def get(self, name: str, default: Any = None) -> Any:
         """Mapping.get without its exception: the report asks for absent fields often."""
         return self[name] if name in self._names else default
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
