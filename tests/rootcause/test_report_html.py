@@ -242,7 +242,7 @@ def test_html_escapes_dump_text_and_needs_no_script():
         {"pid": "P0", "kind": "one_to_one", "train_modules": [evil], "rollout_modules": ["x"], "status": "origin",
          "module_priority_rank": 1, "rank_reason": evil, "points": {"in": [], "param": [],
                                                                     "out": [{"point": "L0.q", "cid": "C0"}]}}]}
-    page = mod.render(compare, analysis, {"train": {"path": evil}})
+    page = "".join(mod.pieces(compare, analysis, {"train": {"path": evil}}))
     assert evil not in page and "&lt;img src=x" in page
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
@@ -259,7 +259,7 @@ def test_report_renders_in_a_browser(demo, tmp_path):
 def test_html_of_empty_outputs_says_so():
     from rootcause import sibling
     mod = sibling.load_html(REPO / "rl-consistency-analysis")
-    page = mod.render({"mode": "statistics", "results": []}, {"modules": []}, {})
+    page = "".join(mod.pieces({"mode": "statistics", "results": []}, {"modules": []}, {}))
     assert "No logits were compared" in page and "No module output was compared" in page
     # _group reads the published form of a point name (output_4 vocabulary.points, points.form).
     from dumpcompare.points import form

@@ -677,8 +677,11 @@ def _more_files(source: dict) -> str:
 
 
 def pieces(compare: dict, analysis: dict, sources: dict, root: dict | None = None, extra: str = "") -> Iterator[str]:
-    """The page of render() in pieces, in order: a writer writes each as it comes, and the page
-    of a pair of many modules (a chart point per compared output) is never whole in memory."""
+    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5, in
+    pieces in order: a writer writes each as it comes, so the page of a pair of many modules (a
+    chart point per compared output) is never whole in memory. ``extra`` is a finished HTML
+    fragment of the caller's (the root-cause skill's log-prob triage), placed beside the log-prob
+    section it belongs with."""
     lp = compare.get("logprob")
     logits = next((r for r in compare.get("results", []) if lp and r["cid"] == lp.get("cid")), None)
     # One row per side; a side read from several files (ranks, steps) shows how many.
@@ -694,10 +697,3 @@ def pieces(compare: dict, analysis: dict, sources: dict, root: dict | None = Non
     yield from execution_section(compare, analysis, root)
     yield (reference_section(compare, analysis) + heatmap_section(compare) + verdict_section(analysis, root)
            + "</body></html>\n")
-
-
-def render(compare: dict, analysis: dict, sources: dict, root: dict | None = None, extra: str = "") -> str:
-    """The whole page from output_3, output_4, output_1's sources and, optionally, output_5.
-    ``extra`` is a finished HTML fragment of the caller's (the root-cause skill's log-prob triage),
-    placed beside the log-prob section it belongs with."""
-    return "".join(pieces(compare, analysis, sources, root, extra))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-from operator import attrgetter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +168,8 @@ _GETTERS: dict[type, Callable[[Any], tuple] | None] = {}
 
 def _getter(cls: type) -> Callable[[Any], tuple] | None:
     """A function giving a dataclass's written fields' values as a tuple (operator.attrgetter: one
-    C call per record where a getattr per field was a fifth of the writing time), once per class;
-    None for a class that is not a dataclass."""
+    C call per record instead of a getattr per field), once per class; None for a class that is
+    not a dataclass."""
     try:
         return _GETTERS[cls]
     except KeyError:
@@ -354,7 +354,7 @@ class _CleanView(Mapping):
 
 def clean_view(obj: Any) -> Any:
     """clean() whose list items are left as read-only mappings cleaned on access (_CleanView):
-    what a reader of a few fields (htmlreport.render) gets, without a cleaned copy of every record."""
+    what a reader of a few fields (htmlreport.pieces) gets, without a cleaned copy of every record."""
     t = type(obj)
     if t is dict:
         return {k if type(k) is str else str(k): clean_view(v) for k, v in obj.items()}
