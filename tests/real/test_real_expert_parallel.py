@@ -55,6 +55,9 @@ def test_stale_expert_on_one_rank_is_found_at_the_experts_module(tmp_path):
     doc, _sources = _run(name, tmp_path / "default")
     assert disagreements(default_expected(case), 0, "", doc) == []
     assert doc["verdict"] == "inconclusive" and doc["first_divergence"]["layer"] == 1
+    # where the evidence points without the checkpoint: upstream of layer 1, and how to look there
+    carried = [n for n in doc["notes"] if n.startswith("the first divergence (L1.k, layer 1) is carried in")]
+    assert carried and "--model" in carried[0] and "--token-ids" in carried[0]
 
     code, err, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path / "model",
                               "--model", CORPUS / "_models" / case["family"], "--token-ids", CORPUS / name / "tokens.json")
