@@ -132,7 +132,9 @@ models: these counts bound, they do not prove, how often a rule is right on user
 
 ## Which rules fire on which pair
 The top root cause of each faulty case, every root cause of a clean one; "right" is whether the
-report agrees with the case's `expected` (for a clean case: reported nothing).
+report agrees with the case's `expected` (for a clean case: reported nothing), or with its
+`expected_without_model` where the fault shows only against the checkpoint's forward (these runs
+pass no `--model`).
 
 | case | expected | rules fired | right |
 |---|---|---|---|
