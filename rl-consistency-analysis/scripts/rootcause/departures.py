@@ -230,11 +230,6 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
     f.update(sides.from_structure(sides.Structural(None, f"the {side} side leaves the reference forward at "
                                                          f"{dep['point']}")))
     fixes = sides.decide(ev, f, m)
-    if carried_through is not None and f.get("side") == sides.UNDETERMINED:
-        # The forward's side concerns the module the departure was carried through, downstream of this one.
-        named, why = sides.side_from_forward(sides.forward_evidence(ev, carried_through))
-        if named:
-            f["side"], f["side_reason"] = named, f"{why} (at {dep['point']}, carried from this module)"
     if rule.id == "reference_simulated_config":
         # The key whose injected value reproduces the side is one to read, whatever the role lists.
         tried = [c.get("config") or {} for c in (hyp or {}).get("candidates") or [] if c.get("reproduces")]

@@ -301,7 +301,9 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
         return []
     params = parameter_evidence(ev, m)
     keys, configs = config_evidence(ev, f.get("role"))
-    forward = forward_evidence(ev, m)
+    # A departure carried back to this module (departures.py) concerns it through the pair it departed at.
+    through = (f.get("evidence") or {}).get("carried_through")
+    forward = forward_evidence(ev, ev.pair(through["pair"]) if through else m)
     f["side_evidence"] = params + replays + configs + ([forward] if forward else [])
     # A weight finding is explained by tensors, not keys.
     f["config_keys"] = [] if f["category"] == "parameter_or_checkpoint_issue" else keys

@@ -5,7 +5,8 @@ A router's top-k choice is a known function of its logits and a few config value
 (softmax, or DeepSeek-style sigmoid with ``e_score_correction_bias`` added for the choice only),
 ``num_experts_per_tok`` and ``norm_topk_prob``. Each side's routing is replayed from its own
 dumped logits and checked against what that side did with them (the transformers router's dumped
-top-k weights and ids; vLLM's FusedMoE output, rebuilt from its stacked expert weights), which
+top-k weights and ids; vLLM's FusedMoE output, rebuilt from its stacked expert weights; a vLLM 0.32
+MoERunner's, which holds none, rebuilt with the checkpoint's experts or else the other side's), which
 gives the values the side used. The two sides' choices are then compared token by token: a
 top-k set that differs only where the logits are within precision of a tie is a routing flip
 (rounding), anything else is systematic. Why: rl-consistency-analysis/references/
@@ -149,16 +150,16 @@ def checkpoint_experts(ref, layer: int, dtype: str) -> tuple[np.ndarray, np.ndar
 
 # Stacked expert weights as a dump entry holds them: transformers 5.x experts (gate_up_proj
 # [E, 2I, H] = [gate; up] per expert, down_proj [E, H, I]) and vLLM's FusedMoE (w13, w2: same layout).
-STACKED_EXPERTS = (("parameters.gate_up_proj", "parameters.down_proj"), ("parameters.w13_weight", "parameters.w2_weight"))
+_STACKED_EXPERTS = (("parameters.gate_up_proj", "parameters.down_proj"), ("parameters.w13_weight", "parameters.w2_weight"))
 
 
-def dumped_experts(experts, view) -> tuple[np.ndarray, np.ndarray] | None:
+def _dumped_experts(experts, view) -> tuple[np.ndarray, np.ndarray] | None:
     """(w13 [E, 2I, H], w2 [E, H, I]) as one side's experts module dumped them (tensor mode, one
     rank or whole experts), or None when that entry holds no stacked expert weight of that layout."""
     if experts is None:
         return None
     leaves = experts[1]
-    for w13_name, w2_name in STACKED_EXPERTS:
+    for w13_name, w2_name in _STACKED_EXPERTS:
         pair = leaves.get(w13_name), leaves.get(w2_name)
         if None in pair or any(lf.merge for lf in pair):
             continue                         # merged tensor-parallel shards cut each expert: not this layout
@@ -347,7 +348,7 @@ class _OtherExperts:
 
     def __call__(self) -> tuple[str, tuple[np.ndarray, np.ndarray]] | None:
         if self._got is None:
-            weights = dumped_experts(self.mods.get("experts"), self.view)
+            weights = _dumped_experts(self.mods.get("experts"), self.view)
             self._got = (None if weights is None else (self.side, weights),)
         return self._got[0]
 
