@@ -4,9 +4,10 @@ of its 2 ranks. As in real vLLM 0.32, the experts are a ``MoERunner`` whose weig
 never-called ``routed_experts`` (no dump entry holds them) and whose output is already reduced over
 the ranks, so the dumps show expert parallelism only through the activations: the default command
 finds nothing on the clean pair; on the faulty one (rank 1's stale expert) it finds the drift only
-downstream, and with --model and the token ids the stale weight at layer 0's experts module. (Merging the ranks' stacked expert weights on the
-experts dim, references/tensor_parallel.md "Expert parallelism", has no real-vLLM dump to act on
-since these cases follow vLLM 0.32; it is tested on synthetic dumps.)"""
+downstream, and with --model and the token ids the stale weight at layer 0's experts module.
+(Merging the ranks' stacked expert weights on the experts dim, references/tensor_parallel.md
+"Expert parallelism", has no real-vLLM dump to act on since these cases follow vLLM 0.32; it is
+tested on synthetic dumps.)"""
 from __future__ import annotations
 
 import json
@@ -59,8 +60,8 @@ def test_stale_expert_on_one_rank_is_found_at_the_experts_module(tmp_path):
     carried = [n for n in doc["notes"] if n.startswith("the first divergence (L1.k, layer 1) is carried in")]
     assert carried and "--model" in carried[0] and "--token-ids" in carried[0]
 
-    code, err, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path / "model",
-                              "--model", CORPUS / "_models" / case["family"], "--token-ids", CORPUS / name / "tokens.json")
+    code, err, doc = run_pair(CORPUS / name / "train", CORPUS / name / "rollout", tmp_path / "model", "--model",
+                              CORPUS / "_models" / case["family"], "--token-ids", CORPUS / name / "tokens.json")
     assert code == 0 and doc is not None, err
     assert disagreements(case["expected"], code, err, doc) == []
     rc = doc["root_causes"][0]

@@ -221,7 +221,8 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
     if rule.id in ("reference_unseen_weight", "reference_carried_from_unseen_weight"):
         evidence["weight_visible"] = False
     if carried_through is not None:
-        evidence["carried_through"] = {"pair": carried_through["pid"], "train_module": _names(carried_through["train_modules"]),
+        evidence["carried_through"] = {"pair": carried_through["pid"],
+                                       "train_module": _names(carried_through["train_modules"]),
                                        "rollout_module": _names(carried_through["rollout_modules"])}
         evidence["output_errors"] = {p["point"]: {s: _point_error(ev, p.get("cid"), s) for s in SIDES}
                                      for p in m["points"]["out"]}

@@ -293,8 +293,8 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
             f["config_keys"] = sorted({r["key"] for r in replays if r.get("key")})
             borrowed = sorted({f"the {r['side']} side's experts rebuilt with the {r['expert_weights']} dump's expert "
                                f"weights" for r in ev.compare.get("replays") or []
-                               if r.get("expert_weights") in SIDES and any(r["module"] == p or r["module"].startswith(p + ".")
-                                                                           for p in _modules(f, r["side"]))})
+                               if r.get("expert_weights") in SIDES
+                               and any(r["module"] == p or r["module"].startswith(p + ".") for p in _modules(f, r["side"]))})
             return [f"The sides compute this module with different values (replayed from their own tensors"
                     f"{''.join('; ' + b for b in borrowed)}): {'; '.join(differ)}. Rerun with --model to decide "
                     f"which one the checkpoint's config sets."]

@@ -150,7 +150,8 @@ def checkpoint_experts(ref, layer: int, dtype: str) -> tuple[np.ndarray, np.ndar
 
 # Stacked expert weights as a dump entry holds them: transformers 5.x experts (gate_up_proj
 # [E, 2I, H] = [gate; up] per expert, down_proj [E, H, I]) and vLLM's FusedMoE (w13, w2: same layout).
-_STACKED_EXPERTS = (("parameters.gate_up_proj", "parameters.down_proj"), ("parameters.w13_weight", "parameters.w2_weight"))
+_STACKED_EXPERTS = (("parameters.gate_up_proj", "parameters.down_proj"),
+                    ("parameters.w13_weight", "parameters.w2_weight"))
 
 
 def _dumped_experts(experts, view) -> tuple[np.ndarray, np.ndarray] | None:
@@ -174,8 +175,9 @@ def _runner_experts(router, experts, view, act, bias, ref, layer, other):
     """vLLM 0.32 (a GateLinear router, a MoERunner that holds no expert weight in any dump entry):
     the runner's own input and output, the router's logits, and the experts as the checkpoint
     (``--model``) holds them, or else as the other side's dump holds them (``other``: a callable
-    returning (that side's name, (w13, w2)) or None). A fit then tests the routing keys and the expert weights together: a config
-    that reproduces the output also says the runner's experts are those weights."""
+    returning (that side's name, (w13, w2)) or None). A fit then tests the routing keys and the
+    expert weights together: a config that reproduces the output also says the runner's experts
+    are those weights."""
     rleaves, eleaves = router[1], experts[1]
     x_leaf, y_leaf, l_leaf = eleaves.get("input_kwargs.hidden_states"), eleaves.get("output.0"), rleaves.get("output.0")
     if ref is None and other is not None:
