@@ -4,7 +4,9 @@ fault and the expected answer.
 
 (a) the rollout dumps carry vLLM's module paths and class names (a list taken from vLLM's source);
 (b) the root-cause command, run as a user runs it (no step or rank flag), gives each case's
-    expected verdict, category, side and modules.  Cases the pipeline gets wrong today are listed
+    expected verdict, category, side and modules (``expected_without_model`` where the fault shows
+    only against the checkpoint's forward: tests/real/test_real_expert_parallel.py runs that one
+    with --model too).  Cases the pipeline gets wrong today are listed
     in XFAIL with what it says instead; the lead removes a line when a fix lands (strict: an
     unexpected pass fails).
 """
