@@ -52,6 +52,24 @@ def _top(doc):
     return "none" if rc is None else f"{rc['category']} at {rc.get('rollout_module') or rc.get('train_module')}"
 
 
+def default_expected(case):
+    """What the default command (no --model) must answer on ``case``: its ``expected``, or
+    ``expected_without_model`` where the fault shows only against the checkpoint's forward."""
+    return case.get("expected_without_model") or case["expected"]
+
+
+def _inconclusive(expected, doc):
+    """An expected ``inconclusive``: never an all-clear, and the first divergence carried in
+    (``status``) from no earlier than the fault (strictly after ``after_layer``)."""
+    if doc["verdict"] != "inconclusive":
+        return [f"verdict {doc['verdict']} (top: {_top(doc)})"]
+    want, first = expected["first_divergence"], doc.get("first_divergence") or {}
+    wrong = [f"first divergence status {first.get('status')}"] if first.get("status") != want["status"] else []
+    if first.get("layer") is None or first["layer"] <= want["after_layer"]:
+        wrong.append(f"first divergence layer {first.get('layer')}")
+    return wrong
+
+
 def disagreements(expected, code, stderr, doc):
     """What the report says that the case does not expect (empty when it agrees).  An expected
     side of None (the dumps cannot show it) is not checked."""
@@ -60,6 +78,8 @@ def disagreements(expected, code, stderr, doc):
     if expected["verdict"] == "clean":
         return [] if doc["verdict"] in CLEAN_VERDICTS else [
             f"verdict {doc['verdict']} (top: {_top(doc)})"]
+    if expected["verdict"] == "inconclusive":
+        return _inconclusive(expected, doc)
     if doc["verdict"] != "root_cause_found" or not doc["root_causes"]:
         return [f"verdict {doc['verdict']}"]
     rc = doc["root_causes"][0]

@@ -4,7 +4,9 @@ fault and the expected answer.
 
 (a) the rollout dumps carry vLLM's module paths and class names (a list taken from vLLM's source);
 (b) the root-cause command, run as a user runs it (no step or rank flag), gives each case's
-    expected verdict, category, side and modules.  Cases the pipeline gets wrong today are listed
+    expected verdict, category, side and modules (``expected_without_model`` where the fault shows
+    only against the checkpoint's forward: tests/real/test_real_expert_parallel.py runs that one
+    with --model too).  Cases the pipeline gets wrong today are listed
     in XFAIL with what it says instead; the lead removes a line when a fix lands (strict: an
     unexpected pass fails).
 """
@@ -14,7 +16,7 @@ import json
 import re
 
 import pytest
-from real.corpus_check import CORPUS, disagreements, run_default_command, run_pair
+from real.corpus_check import CORPUS, default_expected, disagreements, run_default_command, run_pair
 
 # megatron-core train sides have their own module tree and xfail table: tests/real/test_real_megatron.py;
 # rollouts under a tree no profile describes (renamed_like) are tests/mapping_values/'s.
@@ -89,13 +91,7 @@ SGLANG_TREES = {f: {"model": _MODEL_CLASS[f], **_renamed(t, Attention="RadixAtte
                 for f, t in VLLM_TREES.items() if f in ("llama", "qwen2", "qwen3")}
 
 # case -> what the pipeline says today instead of the expected answer (one line each).
-XFAIL = {
-    # Since the corpus follows vLLM 0.32's MoE tree (MoERunner without parameters, router_logits = the
-    # hidden states; tools/real_dumps/README.md), a stale expert weight is not visible; in bf16 the
-    # statistics of the experts' output move within the tolerance, so nothing is found without --model:
-    "qwen3_moe_ep2_bf16_stale_expert_rollout": "inconclusive, first divergence L1.k (layers.1 qkv_proj, "
-                                               "propagated): layer 0's experts output moves within bf16 tolerance",
-}
+XFAIL: dict[str, str] = {}
 
 _KEY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z0-9_]+)\.forward\.\d+$")
 
@@ -193,9 +189,8 @@ def reports(tmp_path_factory):
 
 @pytest.mark.parametrize("name", _params(CASES))
 def test_default_command_finds_the_case(name, reports):
-    case = _case(name)
     code, stderr, doc = reports[name]
-    assert disagreements(case["expected"], code, stderr, doc) == []
+    assert disagreements(default_expected(_case(name)), code, stderr, doc) == []
 
 
 def test_every_fault_is_well_above_the_noise():

@@ -26,13 +26,8 @@ NORM_FAULTS = ("qwen3_moe_tensor_norm_topk_rollout", "qwen3_moe_tensor_norm_topk
 # Since tests/data/real/ follows vLLM 0.32's MoE tree (tools/real_dumps/README.md), the rollout's
 # MoERunner holds no expert weight and is called with the hidden states as router_logits; its routing
 # is replayed from the GateLinear's logits, its input and output and the checkpoint's experts
-# (--model: routing records with expert_weights "checkpoint"). Without --model only its top-k sets
-# are known. What a test still gets wrong is in its mark; strict: remove the mark when a fix lands.
-_VLLM032 = "vLLM 0.32 MoE tree: "
-
-
-def _known_wrong(got):
-    return pytest.mark.xfail(strict=True, reason=_VLLM032 + got)
+# (--model: routing records with expert_weights "checkpoint"), or without --model the train dump's
+# stacked experts (expert_weights "train").
 
 
 def _train_router(name, layer, leaf):
@@ -140,14 +135,21 @@ def test_norm_topk_prob_fault_is_charged_to_its_side(name, tmp_path):
     assert any(c["check"].startswith(f"Set norm_topk_prob to True on the {bad} side") for c in rc["next_checks"])
 
 
-@_known_wrong("without --model the rollout's routing weights are unknown (no expert weight in its dump, none "
-              "from a checkpoint), so no routing key can disagree: the top cause fires origin_in_module, "
-              "not routing_differs")
 @pytest.mark.parametrize("name", NORM_FAULTS)
 def test_without_the_checkpoint_the_disagreeing_key_is_named(name, tmp_path):
+    """The rollout's MoERunner holds no expert weight; without --model its output is rebuilt with the
+    train dump's stacked experts, which reproduce it only under the other norm_topk_prob: the key is
+    named, the side is not (no config says which value is right)."""
+    bad = case(name)["fault"]["side"]
     proc = run(ROOTCAUSE, name, tmp_path, model=False)
     assert proc.returncode == 0, proc.stderr
+    fits = [r for r in _routing(tmp_path, "routing") if r["side"] == "rollout"]
+    assert fits and all(r["expert_weights"] == "train" and r["fitted"]["residual"] <= r["tolerance"] for r in fits)
+    cmp = {r["layer"]: r for r in _routing(tmp_path, "routing_compare")}
+    assert cmp[0]["verdict"] == "systematic" and cmp[0]["differing_keys"] == [
+        {"key": "norm_topk_prob", "train": bad != "train", "rollout": bad != "rollout"}]
     rc = report(tmp_path)["root_causes"][0]
+    assert (rc["train_module"], rc["rollout_module"]) == ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts")
     assert (rc["category"], rc["side"], rc["rules_fired"][0]) == ("in_module_impl_difference", "undetermined",
                                                                    "routing_differs")
     assert "norm_topk_prob" in rc["next_checks"][0]["check"] and "Rerun with --model" in rc["next_checks"][0]["check"]
@@ -174,6 +176,23 @@ def test_stale_stacked_experts_are_charged_to_the_train_side(tmp_path):
     assert (rc["category"], rc["train_module"], rc["side"]) == ("parameter_or_checkpoint_issue",
                                                                 "model.layers.0.mlp.experts", "train")
     assert rc["rules_fired"][0] == "reference_weight_differs" and len(doc["root_causes"]) == 1
+
+
+def test_stale_train_experts_name_no_routing_key_without_the_checkpoint(tmp_path):
+    """Where the train dump's experts are the stale ones, they rebuild the rollout's layer-0 runner
+    output under no routing (a weight, not a key, differs): that side is left with its top-k sets
+    alone, no key is named, and the finding stays a weight at layer 0. Layer 1 (same experts on both
+    sides) is rebuilt as usual."""
+    proc = run(ROOTCAUSE, "qwen3_moe_tensor_stale_expert_train", tmp_path, model=False)
+    assert proc.returncode == 0, proc.stderr
+    fits = {(r["side"], r["layer"]) for r in _routing(tmp_path, "routing")}
+    assert ("rollout", 0) not in fits and ("rollout", 1) in fits
+    cmp = {r["layer"]: r for r in _routing(tmp_path, "routing_compare")}
+    assert cmp[0]["weights_rel_error"] is None and cmp[0]["differing_keys"] == [] and cmp[0]["verdict"] == "same"
+    rc = report(tmp_path)["root_causes"][0]
+    assert (rc["category"], rc["train_module"], rc["layer"]) == ("parameter_or_checkpoint_issue",
+                                                                 "model.layers.0.mlp.experts", 0)
+    assert "routing_differs" not in rc["rules_fired"]
 
 
 def test_expert_layouts_of_tensor_parallel_shards():

@@ -21,8 +21,8 @@ SCHEMA_VERSION = "2.1"   # 2.1: --logprob-temperature (output_3 logprob.temperat
 # output_4 alone: 2.2 adds ``vocabulary`` (references/output_schemas.md, "Versioning").
 OUTPUT_4_SCHEMA_VERSION = "2.2"
 # output_3 alone: 2.2 adds ``reference.<side>.unpaired_parameters`` and the routing records'
-# ``expert_weights`` (references/output_schemas.md, "Versioning").
-OUTPUT_3_SCHEMA_VERSION = "2.2"
+# ``expert_weights``; 2.3 its value naming the other side (references/output_schemas.md, "Versioning").
+OUTPUT_3_SCHEMA_VERSION = "2.3"
 # Every output file name of the two skills: the compare skill writes the first eight, the
 # root-cause skill output_5's JSON, and the agent output_5's markdown from it.
 COMPARE_OUTPUTS = ("output_1_key_mapping.json", "output_1_key_mapping.csv", "output_2_mapping.json",

@@ -66,12 +66,55 @@ class Departure:
         """The module holds weights and none of the side's copies was seen to equal the checkpoint."""
         return self.has_parameters and not any(p.get("matches_reference") is True for p in self.own_parameters)
 
+    @cached_property
+    def carried_from(self) -> dict | None:
+        """For a departing module whose own weights are all seen equal to the checkpoint and that no
+        candidate reproduces: the one pair upstream whose weight this side's dump does not show, when
+        every other upstream weight is seen equal too and that pair's output already sits further
+        from the reference than the other side's (see ``_carrier``); None otherwise. A module with no
+        weight of its own is left out: its math alone could make the departure."""
+        own = self.own_parameters
+        if self.engine_module is not None or not self.has_parameters or not own or self.reproducing \
+                or not all(p.get("matches_reference") is True for p in own):
+            return None
+        return _carrier(self.ev, self.side, self.m)
+
     def reproduced_by(self, *kinds: str) -> bool:
         return any(c.get("reproduces") and c.get("kind") in kinds for c in self.hyp.get("candidates") or [])
 
     @property
     def reproducing(self) -> list[str]:
         return list(self.hyp.get("reproduced_by") or [])
+
+
+def _point_error(ev: Evidence, cid: str | None, side: str) -> float | None:
+    rec = (((ev.compare.get("reference_forward") or {}).get("points") or {}).get(cid) or {}).get(side) or {}
+    err = rec.get("error")
+    return float(err) if isinstance(err, (int, float)) and rec.get("matches_reference") in (True, False) else None
+
+
+def _carrier(ev: Evidence, side: str, m: dict) -> dict | None:
+    """The pair a departure at ``m`` was carried from: among the non-container pairs before ``m``
+    that hold weights, exactly one whose weight ``side`` does not show (none of its copies seen to
+    equal the checkpoint), every other one's copies all seen equal, and that pair's outputs further
+    from the reference on ``side`` than on the other side at every point both judged. Why:
+    references/analysis_rules.md ("Findings from the reference forward")."""
+    other = "rollout" if side == "train" else "train"
+    unseen = []
+    for up in ev.modules[:ev.pos[m["pid"]]]:
+        if up["is_container"] or not up["points"]["param"]:
+            continue
+        d = Departure(ev, side, {"point": None}, None, up, "")
+        if d.weight_unseen:
+            unseen.append(up)
+        elif not all(p.get("matches_reference") is True for p in d.own_parameters):
+            return None
+    if len(unseen) != 1:
+        return None
+    errs = [(_point_error(ev, p.get("cid"), side), _point_error(ev, p.get("cid"), other))
+            for p in unseen[0]["points"]["out"]]
+    errs = [(a, b) for a, b in errs if a is not None and b is not None]
+    return unseen[0] if errs and all(a > b for a, b in errs) else None
 
 
 def _deepest(paths: list[str]) -> list[str]:
@@ -154,7 +197,11 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
         return None
     d = Departure(ev, side, dep, hyp, m, point, engine)
     rule = next(r for r in rules.DEPARTURE_RULES if r.condition(d))
-    names = {s: (None if engine else _producers(ev, s, point)) or list(m[f"{s}_modules"]) for s in SIDES}
+    carried_through = None
+    if rule.id == "reference_carried_from_unseen_weight":
+        carried_through, m = m, d.carried_from
+    names = {s: (None if engine or carried_through else _producers(ev, s, point)) or list(m[f"{s}_modules"])
+             for s in SIDES}
     if engine is None and rule.category != "parameter_or_checkpoint_issue" \
             and _input_judged(ev, m, side) is not True and m["containers"]:
         # No weight of its own explains it and its input was never held to the reference (the
@@ -171,8 +218,14 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
         "candidates_tried": len((hyp or {}).get("candidates") or []),
         "fused_parts": parts.get("parts") if parts else None,
     }
-    if rule.id == "reference_unseen_weight":
+    if rule.id in ("reference_unseen_weight", "reference_carried_from_unseen_weight"):
         evidence["weight_visible"] = False
+    if carried_through is not None:
+        evidence["carried_through"] = {"pair": carried_through["pid"],
+                                       "train_module": _names(carried_through["train_modules"]),
+                                       "rollout_module": _names(carried_through["rollout_modules"])}
+        evidence["output_errors"] = {p["point"]: {s: _point_error(ev, p.get("cid"), s) for s in SIDES}
+                                     for p in m["points"]["out"]}
     f = {"category": rule.category, "train_module": _names(names["train"]), "rollout_module": _names(names["rollout"]),
          "layer": m.get("layer"), "role": m.get("role"), "evidence": evidence, "rules_fired": [rule.id]}
     f.update(sides.from_structure(sides.Structural(None, f"the {side} side leaves the reference forward at "

@@ -161,6 +161,12 @@ DEPARTURE_RULES = (
     Rule("reference_unseen_weight", "parameter_or_checkpoint_issue", 0.7, lambda d: d.weight_unseen,
          "the module's input matches the reference and its output does not, its weight is not in the dump and "
          "no layout, config or precision candidate reproduces it: its own weight changed"),
+    Rule("reference_carried_from_unseen_weight", "parameter_or_checkpoint_issue", 0.55,
+         lambda d: d.carried_from is not None,
+         "the departing module's weights match the checkpoint and no candidate reproduces it, so it only "
+         "carries a drift that entered earlier; every weight upstream is seen to match the checkpoint but "
+         "one module's, which the dump does not show, and that module's output is already further from "
+         "the reference than the other side's: its weight changed"),
     Rule("reference_departs_in_module", "in_module_impl_difference", 0.6, lambda d: True,
          "the module's weights match the checkpoint (or it has none) and its output departs: it computes "
          "differently, by no candidate the simulation tries"),

@@ -291,12 +291,19 @@ def decide(ev: Evidence, f: dict, m: dict) -> list[str]:
         if differ:
             f["side_evidence"] = replays
             f["config_keys"] = sorted({r["key"] for r in replays if r.get("key")})
-            return [f"The sides compute this module with different values (replayed from their own tensors): "
-                    f"{'; '.join(differ)}. Rerun with --model to decide which one the checkpoint's config sets."]
+            borrowed = sorted({f"the {r['side']} side's experts rebuilt with the {r['expert_weights']} dump's expert "
+                               f"weights" for r in ev.compare.get("replays") or []
+                               if r.get("expert_weights") in SIDES
+                               and any(r["module"] == p or r["module"].startswith(p + ".") for p in _modules(f, r["side"]))})
+            return [f"The sides compute this module with different values (replayed from their own tensors"
+                    f"{''.join('; ' + b for b in borrowed)}): {'; '.join(differ)}. Rerun with --model to decide "
+                    f"which one the checkpoint's config sets."]
         return []
     params = parameter_evidence(ev, m)
     keys, configs = config_evidence(ev, f.get("role"))
-    forward = forward_evidence(ev, m)
+    # A departure carried back to this module (departures.py) concerns it through the pair it departed at.
+    through = (f.get("evidence") or {}).get("carried_through")
+    forward = forward_evidence(ev, ev.pair(through["pair"]) if through else m)
     f["side_evidence"] = params + replays + configs + ([forward] if forward else [])
     # A weight finding is explained by tensors, not keys.
     f["config_keys"] = [] if f["category"] == "parameter_or_checkpoint_issue" else keys

@@ -717,6 +717,7 @@ def run(ev: Evidence) -> Triage:
         tri.verdict = "inconclusive"
         tri.notes.append("some tensors differ but no credible origin was found among aligned modules; "
                          "see output_4 for the first divergence")
+        tri.notes += _carried_in_note(ev)
     if tri.verdict == "no_credible_divergence" and ev.analysis.get("partial"):
         tri.verdict = "inconclusive"
     if tri.verdict == "no_credible_divergence" and _no_activation_compared(comp) \
@@ -733,6 +734,24 @@ def run(ev: Evidence) -> Triage:
                          + (f" (most activations were left out because {why})" if why else ""))
     _drop_reported(tri)
     return tri
+
+
+def _carried_in_note(ev: Evidence) -> list[str]:
+    """A note when nothing credible was found and the first divergence is carried in (output_4
+    status ``propagated``: its inputs already differ or sit near the tolerance) and the reference
+    forward did not run on both sides: the cause lies upstream, where the dumps' statistics cannot
+    separate it from rounding, and the checkpoint's forward is what can (analysis_rules.md,
+    "Findings from the reference forward")."""
+    first = ev.analysis.get("first_divergence") or {}
+    ran = [v for v in ((ev.analysis.get("reference_forward") or {}).get("sides") or {}).values() if v.get("ran")]
+    if first.get("status") != "propagated" or len(ran) == 2:
+        return []
+    where = f"layer {first['layer']}" if first.get("layer") is not None else "outside the decoder layers"
+    return [f"the first divergence ({first.get('point')}, {where}) is carried in: its inputs already differ or sit "
+            f"near the tolerance, so its cause lies upstream, where the dumps alone do not tell it from rounding; "
+            f"rerun with --model set to the checkpoint folder both engines loaded (and --token-ids with the ids "
+            f"they ran, which a statistics dump of a prefill cannot give) to hold each side against the "
+            f"checkpoint's forward"]
 
 
 def _with_reference(ev: Evidence, found: list[tuple[dict, dict]], ref_found: list[dict],

@@ -5,7 +5,8 @@ A router's top-k choice is a known function of its logits and a few config value
 (softmax, or DeepSeek-style sigmoid with ``e_score_correction_bias`` added for the choice only),
 ``num_experts_per_tok`` and ``norm_topk_prob``. Each side's routing is replayed from its own
 dumped logits and checked against what that side did with them (the transformers router's dumped
-top-k weights and ids; vLLM's FusedMoE output, rebuilt from its stacked expert weights), which
+top-k weights and ids; vLLM's FusedMoE output, rebuilt from its stacked expert weights; a vLLM 0.32
+MoERunner's, which holds none, rebuilt with the checkpoint's experts or else the other side's), which
 gives the values the side used. The two sides' choices are then compared token by token: a
 top-k set that differs only where the logits are within precision of a tie is a routing flip
 (rounding), anything else is systematic. Why: rl-consistency-analysis/references/
@@ -97,7 +98,9 @@ class _Side:
         # on the routing config (only the router's logits are known: the top-k sets still are)
         self.residual = residual
         self.observed = None                # (idx, weights) the side dumped, when it did
-        self.weights_from = None            # "checkpoint": the dump holds no expert weight (vLLM 0.32)
+        # Where the experts' weights came from when the side's dump holds none (vLLM 0.32): "checkpoint"
+        # (--model), or the other side's name (its dump's stacked experts).
+        self.weights_from = None
 
 
 def _hf_router(rec, leaves, view, bias):
@@ -145,22 +148,55 @@ def checkpoint_experts(ref, layer: int, dtype: str) -> tuple[np.ndarray, np.ndar
     return out[0], out[1]
 
 
-def _runner_experts(router, experts, view, act, bias, ref, layer):
+# Stacked expert weights as a dump entry holds them: transformers 5.x experts (gate_up_proj
+# [E, 2I, H] = [gate; up] per expert, down_proj [E, H, I]) and vLLM's FusedMoE (w13, w2: same layout).
+_STACKED_EXPERTS = (("parameters.gate_up_proj", "parameters.down_proj"),
+                    ("parameters.w13_weight", "parameters.w2_weight"))
+
+
+def _dumped_experts(experts, view) -> tuple[np.ndarray, np.ndarray] | None:
+    """(w13 [E, 2I, H], w2 [E, H, I]) as one side's experts module dumped them (tensor mode, one
+    rank or whole experts), or None when that entry holds no stacked expert weight of that layout."""
+    if experts is None:
+        return None
+    leaves = experts[1]
+    for w13_name, w2_name in _STACKED_EXPERTS:
+        pair = leaves.get(w13_name), leaves.get(w2_name)
+        if None in pair or any(lf.merge for lf in pair):
+            continue                         # merged tensor-parallel shards cut each expert: not this layout
+        w13, w2 = (leaf_array(view, lf) for lf in pair)
+        if w13 is not None and w2 is not None and w13.ndim == w2.ndim == 3 and w13.shape[0] == w2.shape[0] \
+                and w13.shape[1] == 2 * w2.shape[2] and w13.shape[2] == w2.shape[1]:
+            return w13, w2
+    return None
+
+
+def _runner_experts(router, experts, view, act, bias, ref, layer, other):
     """vLLM 0.32 (a GateLinear router, a MoERunner that holds no expert weight in any dump entry):
     the runner's own input and output, the router's logits, and the experts as the checkpoint
-    (``--model``) holds them. A fit then tests the routing keys and the side's expert weights
-    together: a config that reproduces the output also says those weights are the checkpoint's."""
+    (``--model``) holds them, or else as the other side's dump holds them (``other``: a callable
+    returning (that side's name, (w13, w2)) or None). A fit then tests the routing keys and the
+    expert weights together: a config that reproduces the output also says the runner's experts
+    are those weights."""
     rleaves, eleaves = router[1], experts[1]
     x_leaf, y_leaf, l_leaf = eleaves.get("input_kwargs.hidden_states"), eleaves.get("output.0"), rleaves.get("output.0")
-    if ref is None or None in (x_leaf, y_leaf, l_leaf) or any(lf.merge for lf in (x_leaf, y_leaf, l_leaf)):
+    if ref is None and other is not None:
+        other = other()
+    if (ref is None and other is None) or None in (x_leaf, y_leaf, l_leaf) \
+            or any(lf.merge for lf in (x_leaf, y_leaf, l_leaf)):
         return None
     x, y, logits = (leaf_array(view, lf) for lf in (x_leaf, y_leaf, l_leaf))
+    if x is None or y is None or logits is None:
+        return None
     dtype = dtype_key(y_leaf.dtype)
-    weights = checkpoint_experts(ref, layer, dtype) if x is not None and y is not None and logits is not None else None
+    if ref is not None:
+        source, weights = "checkpoint", checkpoint_experts(ref, layer, dtype)
+    else:
+        source, weights = other[0], tuple(to_dtype(w, dtype) for w in other[1])
     if weights is None or weights[0].shape[0] != logits.shape[-1] or weights[0].shape[-1] != x.shape[-1]:
         return None
     side = _experts_side(router[0], x, logits, y, *weights, act, bias, dtype, dtype_key(l_leaf.dtype))
-    side.weights_from = "checkpoint"
+    side.weights_from = source
     return side
 
 
@@ -287,7 +323,7 @@ def _bias(found, view):
     return None if a is None else a.astype(np.float64).reshape(-1)
 
 
-def _side_routing(found, view, config, ref, layer):
+def _side_routing(found, view, config, ref, layer, other=None):
     act = ACT_NAMES.get(str(config.get("hidden_act", "silu")), "silu")
     bias = _bias(found, view)
     router, experts = found.get("router"), found.get("experts")
@@ -297,7 +333,7 @@ def _side_routing(found, view, config, ref, layer):
     elif experts is not None and "parameters.w13_weight" in experts[1]:
         side = _fused_experts(*experts, view, act, bias)
     elif experts is not None and router is not None:
-        side = _runner_experts(router, experts, view, act, bias, ref, layer)
+        side = _runner_experts(router, experts, view, act, bias, ref, layer, other)
     if side is None and router is not None and "output.2" not in router[1]:
         side = _router_logits(*router, view, config.get("num_experts") or config.get("num_local_experts"))
     if side is not None:
@@ -305,15 +341,35 @@ def _side_routing(found, view, config, ref, layer):
     return side, bias
 
 
+class _OtherExperts:
+    """The other side's stacked experts of one layer, read when first asked for (only a side whose
+    own dump holds no expert weight, replayed without --model, needs them)."""
+
+    def __init__(self, mods, view, side: str):
+        self.mods, self.view, self.side, self._got = mods, view, side, None
+
+    def __call__(self) -> tuple[str, tuple[np.ndarray, np.ndarray]] | None:
+        if self._got is None:
+            weights = _dumped_experts(self.mods.get("experts"), self.view)
+            self._got = (None if weights is None else (self.side, weights),)
+        return self._got[0]
+
+
+def _other_experts(mods, view, side: str) -> _OtherExperts | None:
+    return None if mods is None or "experts" not in mods else _OtherExperts(mods, view, side)
+
+
 def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
     """Routing records of every MoE layer: per side, the routing values its dumped outputs imply
     (``routing``), and per layer the two sides' top-k choices compared (``routing_compare``)."""
     found, configs = {}, {}
-    for side in ("train", "rollout"):
+    mods_of = {side: _by_layer(recs, views, side) for side in ("train", "rollout")}
+    for side, other_side in (("train", "rollout"), ("rollout", "train")):
         configs[side] = refs[side].config if refs.get(side) else {}
-        for layer, mods in _by_layer(recs, views, side).items():
+        for layer, mods in mods_of[side].items():
+            other = _other_experts(mods_of[other_side].get(layer), views[other_side], other_side)
             try:
-                s, bias = _side_routing(mods, views[side], configs[side], refs.get(side), layer)
+                s, bias = _side_routing(mods, views[side], configs[side], refs.get(side), layer, other)
             except (ValueError, IndexError):
                 s = None                     # tensors that do not fit the layout: not replayed
             if s is not None:
@@ -329,6 +385,11 @@ def run(recs: dict, views: dict, refs: dict, tolerances: dict) -> list[dict]:
             base = reference or {**router_config({}), "top_k": seen_k}
             tol, _ = pair_tolerances(tolerances["replay"], s.dtype, s.dtype)
             behaves, records = _fit_records(s, base, reference, tol)
+            if s.weights_from not in (None, "checkpoint") and records and records[0]["fitted"]["residual"] > tol:
+                # The other side's experts reproduce this side's output under no routing: its experts
+                # (or their math) differ, so nothing is known of its routing weights or keys.
+                s.residual, s.weights_from = None, None
+                behaves, records = _fit_records(s, base, reference, tol)
             mod = s.experts or s.router
             for r in records:
                 out.append({"side": side, "module": mod.path, "class": mod.cls, "role": mod.role, "layer": layer,
