@@ -106,16 +106,23 @@ def _at(s: Stats, i: int) -> Stats:
                  s.numel, s.dtype, s.is_int)
 
 
-def _describe(view: SideView, carriers: list[Carrier], stitched: bool) -> dict:
+def _describe(view: SideView, carriers: list[Carrier], stitched: bool, shared: dict) -> dict:
+    """A result's side (output_3 ``Side``): modules, keys, leaves, dtypes, shapes and merges of the
+    carriers; ``shared`` maps a value to the one-element list of it already made."""
     if len(carriers) == 1:
-        # Nearly every side of every comparison: its lists built whole, at their exact size (appended
-        # ones keep room for more; 43k sides over many modules held 6 MB of it).
+        # Nearly every side of every comparison. Its lists repeat from side to side (a module's calls,
+        # its points, a dtype, a shape): each made once and shared, since results are read and never
+        # changed once made; 43k sides over many modules held 20 MB of copies.
         c = carriers[0]
         lf = view.leaves[c.rec].get(c.leaf)
         got = [lf]
-        modules, keys, leaves = [view.paths[c.rec]], [view.keys[c.rec]], [c.leaf]
-        dtypes, merges = [lf.dtype if lf else None], [lf.merge if lf else None]
-        shapes = [list(lf.shape) if lf and lf.shape is not None else None]
+        path, key, leaf = view.paths[c.rec], view.keys[c.rec], c.leaf
+        dtype, merge, shape = (lf.dtype, lf.merge, lf.shape) if lf else (None, None, None)
+        get, put = shared.get, shared.setdefault
+        modules, keys = get(path) or put(path, [path]), get(key) or put(key, [key])
+        leaves = get(leaf) or put(leaf, [leaf])
+        dtypes, merges = get(dtype) or put(dtype, [dtype]), get(merge) or put(merge, [merge])
+        shapes = get(("shape", shape)) or put(("shape", shape), [list(shape) if shape is not None else None])
     else:
         got = [view.leaves[c.rec].get(c.leaf) for c in carriers]
         modules, keys = [view.paths[c.rec] for c in carriers], [view.keys[c.rec] for c in carriers]
@@ -166,6 +173,7 @@ class Executor:
         self.bounds = bounds
         self.ids: tuple[np.ndarray, int | None] | None = None   # shared token ids, prompt length
         self._stat_tol: dict[tuple, tuple[float, float]] = {}
+        self._shared: dict = {}                                  # _describe's shared lists
 
     def run(self, plans: list[PointPlan]) -> list[Result]:
         """Execute every plan; results in plan order.
@@ -199,8 +207,8 @@ class Executor:
                          f"then one per decode call): lined up with the other side's rows {rows.start}.."
                          f"{rows.stop - 1}"]
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
-                     _describe(self.t, plan.train, plan.stitched == "train"),
-                     _describe(self.r, plan.rollout, plan.stitched == "rollout"), pair=plan.pair)
+                     _describe(self.t, plan.train, plan.stitched == "train", self._shared),
+                     _describe(self.r, plan.rollout, plan.stitched == "rollout", self._shared), pair=plan.pair)
         res.notes += notes
         if any(lf is None for lf in tl + rl):
             res.skipped("missing_leaf", "a planned leaf is missing from the dump")
