@@ -65,3 +65,24 @@ def test_one_namer_names_each_side_by_its_own_layer_roles():
     assert _point(gemma, "post_attention_layernorm") == "L0.attn_out_normed"
     assert _point(llama, "post_attention_layernorm") == "L0.mlp_norm_out"
     assert _point(gemma_again, "post_attention_layernorm") == "L0.attn_out_normed"
+
+
+def test_result_sides_share_the_lists_they_hold_alike(tmp_path):
+    # A module's parameter and output comparisons name the same module; most sides hold one dtype:
+    # one list each, not a copy per comparison (21.7k comparisons over many modules held 20 MB).
+    from pathlib import Path
+
+    from dumpcompare import cli
+    pair = Path(__file__).resolve().parents[2] / "examples" / "hf_train_vs_vllm_rollout"
+    args = cli.build_parser().parse_args(["--train", str(pair / "train"), "--rollout", str(pair / "rollout"),
+                                          "--out-dir", str(tmp_path), "--quiet"])
+    setup = cli._setup(args)
+    results = cli._compare(args, setup, cli._load(args, setup)).results
+    by_module: dict[str, list] = {}
+    for r in results:
+        if len(r.train["modules"]) == 1:
+            by_module.setdefault(r.train["modules"][0], []).append(r)
+    a, b = next(rs[:2] for rs in by_module.values() if len(rs) > 1)
+    assert a.train["modules"] is b.train["modules"] and a.train["modules"] == [a.train["modules"][0]]
+    float32 = [r.train["dtypes"] for r in results if r.train["dtypes"] == ["torch.float32"]]
+    assert len(float32) > 10 and all(d is float32[0] for d in float32)
