@@ -48,11 +48,12 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
     layouts = namer.p.get("layouts", {}) or {}
     holders = {s: _side_carriers(recs, layouts) for s, recs in sides.items()}
     raw_pairs: list[tuple[str, list[ModuleRecord], list[ModuleRecord], str | None]] = []
+    reasons: dict[tuple, str | None] = {}     # _by_design_reason per (role, family, class, other family)
 
     for key, tr in by_key["train"].items():
         ro = by_key["rollout"].get(key)
         if ro is not None:
-            kind, note = _pair_kind(tr, ro, namer)
+            kind, note = _pair_kind(tr, ro, namer, reasons)
             raw_pairs.append((kind, [tr], [ro], note))
             paired["train"].add(tr.index)
             paired["rollout"].add(ro.index)
@@ -63,7 +64,7 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
             parts = [by_key[parts_side].get((f"{r.scope}.{p}", call)) for p in r.parts]
             if any(p is None or p.index in paired[parts_side] for p in parts):
                 continue
-            note = _by_design_reason(r, namer, fam[parts_side])
+            note = _by_design_reason(r, namer, fam[parts_side], reasons)
             trs, ros = (parts, [r]) if fused_side == "rollout" else ([r], parts)
             raw_pairs.append(("composite", trs, ros, note))
             paired[fused_side].add(r.index)
@@ -225,7 +226,16 @@ def _same_ports(tr: ModuleRecord, ro: ModuleRecord) -> bool:
         a.point == b.point and a.io == b.io for a, b in zip(tr.ports, ro.ports))
 
 
-def _by_design_reason(rec: ModuleRecord, namer: Namer, other_family: str) -> str | None:
+def _by_design_reason(rec: ModuleRecord, namer: Namer, other_family: str, memo: dict) -> str | None:
+    """The profiles' reason why ``rec`` differs by design from its counterpart of ``other_family``,
+    or None; kept in ``memo``, since every layer's and call's copy of a module asks again."""
+    key = (rec.role, rec.family, rec.cls, other_family)
+    if key not in memo:
+        memo[key] = _design_rule_reason(rec, namer, other_family)
+    return memo[key]
+
+
+def _design_rule_reason(rec: ModuleRecord, namer: Namer, other_family: str) -> str | None:
     for rule in namer.p.get("by_design_differences", []) or []:
         fams = rule.get("families")
         if fams and len(fams) == 2:
@@ -237,15 +247,16 @@ def _by_design_reason(rec: ModuleRecord, namer: Namer, other_family: str) -> str
     return None
 
 
-def _pair_kind(tr: ModuleRecord, ro: ModuleRecord, namer: Namer) -> tuple[str, str | None]:
-    """one_to_one unless the two modules carry different tensors by design."""
+def _pair_kind(tr: ModuleRecord, ro: ModuleRecord, namer: Namer, reasons: dict) -> tuple[str, str | None]:
+    """one_to_one unless the two modules carry different tensors by design (``reasons``: the memo
+    of _by_design_reason)."""
     def pts(r):
         return {(p.io, p.point) for p in r.ports}
     # Alike modules list their ports in the same order: checked pairwise first, without building
     # a set of a wide module's hundreds of thousands of ports per side.
     if _same_ports(tr, ro) or pts(tr) == pts(ro):
         return "one_to_one", None
-    reason = _by_design_reason(tr, namer, ro.family) or _by_design_reason(ro, namer, tr.family)
+    reason = _by_design_reason(tr, namer, ro.family, reasons) or _by_design_reason(ro, namer, tr.family, reasons)
     if reason is None:
         only_t = sorted(p for _, p in pts(tr) - pts(ro))
         only_r = sorted(p for _, p in pts(ro) - pts(tr))

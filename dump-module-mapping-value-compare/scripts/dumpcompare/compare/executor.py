@@ -90,7 +90,7 @@ def _side(view: SideView, plan: PointPlan, side: str) -> list[Leaf | None]:
 
 def leaf_stats(leaf: Leaf, calls: int = 1) -> Stats:
     """The leaf's statistics: call 0's floats, or arrays over its first ``calls`` folded calls."""
-    vals = [getattr(leaf, a) for a in ATTRS]
+    vals = [leaf.max, leaf.min, leaf.mean, leaf.norm]     # ATTRS' order
     if calls > 1:
         vals = [None if v is None else leaf.per_call[:calls, j] for j, v in enumerate(vals)]
     return Stats(*vals, leaf.numel, leaf.dtype, is_int_dtype(leaf.dtype))
@@ -106,21 +106,36 @@ def _at(s: Stats, i: int) -> Stats:
                  s.numel, s.dtype, s.is_int)
 
 
-def _describe(view: SideView, carriers: list[Carrier], stitched: bool) -> dict:
-    got = [view.leaves[c.rec].get(c.leaf) for c in carriers]
-    out = {
-        "modules": [view.paths[c.rec] for c in carriers],
-        "keys": [view.keys[c.rec] for c in carriers],
-        "leaves": [c.leaf for c in carriers],
-        "dtypes": [lf.dtype if lf else None for lf in got],
-        "shapes": [list(lf.shape) if lf and lf.shape is not None else None for lf in got],
-        # How tensor-parallel ranks were joined into each leaf (unshard.py); null: one rank.
-        "merges": [lf.merge if lf else None for lf in got],
-    }
-    runs = [calls_held(lf) for lf in got]
-    if stitched and max(runs, default=1) > 1:
-        # A stitched record that the loader folded holds several calls, from its key on.
-        out["calls"] = runs
+def _describe(view: SideView, carriers: list[Carrier], stitched: bool, shared: dict) -> dict:
+    """A result's side (output_3 ``Side``): modules, keys, leaves, dtypes, shapes and merges of the
+    carriers; ``shared`` maps a value to the one-element list of it already made."""
+    if len(carriers) == 1:
+        # Nearly every side of every comparison. Its lists repeat from side to side (a module's calls,
+        # its points, a dtype, a shape): each made once and shared, since results are read and never
+        # changed once made; 43k sides over many modules held 20 MB of copies.
+        c = carriers[0]
+        lf = view.leaves[c.rec].get(c.leaf)
+        got = [lf]
+        path, key, leaf = view.paths[c.rec], view.keys[c.rec], c.leaf
+        dtype, merge, shape = (lf.dtype, lf.merge, lf.shape) if lf else (None, None, None)
+        get, put = shared.get, shared.setdefault
+        modules, keys = get(path) or put(path, [path]), get(key) or put(key, [key])
+        leaves = get(leaf) or put(leaf, [leaf])
+        dtypes, merges = get(dtype) or put(dtype, [dtype]), get(merge) or put(merge, [merge])
+        shapes = get(("shape", shape)) or put(("shape", shape), [list(shape) if shape is not None else None])
+    else:
+        got = [view.leaves[c.rec].get(c.leaf) for c in carriers]
+        modules, keys = [view.paths[c.rec] for c in carriers], [view.keys[c.rec] for c in carriers]
+        leaves, dtypes = [c.leaf for c in carriers], [lf.dtype if lf else None for lf in got]
+        shapes = [list(lf.shape) if lf and lf.shape is not None else None for lf in got]
+        merges = [lf.merge if lf else None for lf in got]
+    # merges: how tensor-parallel ranks were joined into each leaf (unshard.py); null: one rank.
+    out = {"modules": modules, "keys": keys, "leaves": leaves, "dtypes": dtypes, "shapes": shapes, "merges": merges}
+    if stitched:
+        runs = [calls_held(lf) for lf in got]
+        if max(runs, default=1) > 1:
+            # A stitched record that the loader folded holds several calls, from its key on.
+            out["calls"] = runs
     return out
 
 
@@ -157,6 +172,8 @@ class Executor:
         # Statistics of a side holding one token row more are held to bounds (bounds.py), not skipped.
         self.bounds = bounds
         self.ids: tuple[np.ndarray, int | None] | None = None   # shared token ids, prompt length
+        self._stat_tol: dict[tuple, tuple[float, float]] = {}
+        self._shared: dict = {}                                  # _describe's shared lists
 
     def run(self, plans: list[PointPlan]) -> list[Result]:
         """Execute every plan; results in plan order.
@@ -190,8 +207,8 @@ class Executor:
                          f"then one per decode call): lined up with the other side's rows {rows.start}.."
                          f"{rows.stop - 1}"]
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
-                     _describe(self.t, plan.train, plan.stitched == "train"),
-                     _describe(self.r, plan.rollout, plan.stitched == "rollout"), pair=plan.pair)
+                     _describe(self.t, plan.train, plan.stitched == "train", self._shared),
+                     _describe(self.r, plan.rollout, plan.stitched == "rollout", self._shared), pair=plan.pair)
         res.notes += notes
         if any(lf is None for lf in tl + rl):
             res.skipped("missing_leaf", "a planned leaf is missing from the dump")
@@ -233,7 +250,7 @@ class Executor:
                         "engine returns and never feeds back): statistics over different tokens do not compare; "
                         "use tensor mode, or dump the trainer without the last token")
             return res
-        if tensors is None and any(merge_rule(lf.merge).is_sum for lf in tl + rl):
+        if tensors is None and any(lf.merge and merge_rule(lf.merge).is_sum for lf in tl + rl):
             res.skipped("partial_sums", "partial sums across tensor-parallel ranks: their statistics cannot be "
                         "combined; compare a tensor dump, or dump after the all-reduce")
             return res
@@ -284,8 +301,15 @@ class Executor:
         errors = {name: None if math.isnan(v[worst]) else float(v[worst]) for name, v in per_call.items()}
         return (_at(ts, worst), _at(rs, worst), errors) if k > 1 else (ts, rs, errors)
 
+    def _stat_tolerances(self, dt, dr) -> tuple[float, float]:
+        """pair_tolerances of the statistics table, kept per dtype pair (asked once per comparison)."""
+        got = self._stat_tol.get((dt, dr))
+        if got is None:
+            got = self._stat_tol[(dt, dr)] = pair_tolerances(self.tol["statistics"], dt, dr)
+        return got
+
     def _judge_stats(self, plan, res: Result, ts: Stats, rs: Stats, dt, dr, errors: dict | None = None) -> None:
-        tol, strict = pair_tolerances(self.tol["statistics"], dt, dr)
+        tol, strict = self._stat_tolerances(dt, dr)
         res.tolerance, res.strict_tolerance = tol, strict
         if ts.numel is not None and rs.numel is not None and ts.numel != rs.numel:
             if 0 in (ts.numel, rs.numel) and plan.axis == "rows":
@@ -605,8 +629,10 @@ def kv_replication(point: str, tl: list[Leaf], rl: list[Leaf]) -> tuple[str, int
     head(s), so rank r's fused shard is [q_r; k; v] and the merged tensor holds k and v r times.
     Its size tells r: numel = q + r * (k + v) (references/tensor_parallel.md).
     """
+    if point.count("+") != 2:        # nearly every point: not three parts
+        return None
     names = point.split("+")
-    if len(names) != 3 or not [n.split(".")[1] for n in names if n.count(".") >= 1] == ["q", "k", "v"]:
+    if not [n.split(".")[1] for n in names if n.count(".") >= 1] == ["q", "k", "v"]:
         return None
     for side, parts, fused in (("train", tl, rl), ("rollout", rl, tl)):
         if len(parts) != 3 or len(fused) != 1 or not merge_rule(fused[0].merge).is_concat:
@@ -623,8 +649,10 @@ def kv_replication(point: str, tl: list[Leaf], rl: list[Leaf]) -> tuple[str, int
 def fused_kv_replicated(point: str, tl: list[Leaf], rl: list[Leaf]) -> bool:
     """Both sides fused q|k|v, one merged from R ranks and larger than the other but smaller than R
     copies of it: the merged side repeats KV heads that fewer KV heads than ranks replicate."""
+    if point.count("+") != 2:
+        return False
     names = point.split("+")
-    if len(names) != 3 or [n.split(".")[1] if n.count(".") else "" for n in names] != ["q", "k", "v"]:
+    if [n.split(".")[1] if n.count(".") else "" for n in names] != ["q", "k", "v"]:
         return False
     if len(tl) != 1 or len(rl) != 1:
         return False

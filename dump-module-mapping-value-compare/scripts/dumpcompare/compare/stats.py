@@ -21,6 +21,7 @@ ATTRS = ("max", "min", "mean", "norm")
 # The keys of every statistics error record, made once: 21k results over many modules held 200k
 # copies of the same few names.
 _DIFF_REL = {a: (f"{a}_diff", f"{a}_rel") for a in ATTRS}
+_DIFF_RELS = tuple(_DIFF_REL[a] for a in ATTRS)
 
 
 @dataclass
@@ -108,8 +109,11 @@ def nonfinite_one_side_calls(t: Stats, r: Stats) -> np.ndarray:
 def nonfinite_one_side(a: Stats, b: Stats) -> bool:
     """A NaN/Inf statistic on one side where the other side's is finite (any call)."""
     if _floats(a, b):
-        return any(x is not None and y is not None and math.isfinite(x) != math.isfinite(y)
-                   for x, y in ((getattr(a, k), getattr(b, k)) for k in ATTRS))
+        isfinite = math.isfinite
+        for x, y in ((a.max, b.max), (a.min, b.min), (a.mean, b.mean), (a.norm, b.norm)):
+            if x is not None and y is not None and isfinite(x) != isfinite(y):
+                return True
+        return False
     return bool(nonfinite_one_side_calls(a, b).any())
 
 
@@ -117,7 +121,11 @@ def _floats(t: Stats, r: Stats) -> bool:
     """Both sides one call, every statistic a Python float or absent: the case of nearly every
     comparison of a dump whose calls do not fold, where numpy on one-element arrays cost ~20x the
     float arithmetic itself (issue 28, item 4)."""
-    return all(type(v) is float or v is None for v in (t.max, t.min, t.mean, t.norm, r.max, r.min, r.mean, r.norm))
+    # A plain loop: asked twice per comparison, where a generator's frame cost more than the test.
+    for v in (t.max, t.min, t.mean, t.norm, r.max, r.min, r.mean, r.norm):
+        if v is not None and type(v) is not float:
+            return False
+    return True
 
 
 def _truthy(x: np.ndarray) -> np.ndarray:
@@ -179,7 +187,7 @@ def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
 def stat_errors(t: Stats, r: Stats) -> dict:
     """Raw and scaled differences between two one-call statistics sets (None where there is none)."""
     if _floats(t, r):
-        return {k: None if v != v else v for k, v in _float_errors(t, r).items()}
+        return _float_errors(t, r)
     return {k: _scalar(v) for k, v in stat_error_calls(t, r).items()}
 
 
@@ -200,45 +208,46 @@ def _ratio_float(num: float, den: float) -> float:
     return abs(num) / den if _truthy_float(den) else (0.0 if num == 0 else _INF)
 
 
-def _float_errors(t: Stats, r: Stats) -> dict[str, float]:
-    """stat_error_calls for one call of floats, in float arithmetic: the same IEEE operations in the
-    same order, so the same values (tests/compare/test_stats_floats.py holds the two to each other)."""
-    out: dict[str, float] = {}
-    for a in ATTRS:
-        x, y = getattr(t, a), getattr(r, a)
-        diff, rel = _DIFF_REL[a]
-        if x is None or y is None:
-            out[diff] = out[rel] = _NAN
-            continue
-        if not (math.isfinite(x) and math.isfinite(y)):
-            out[diff] = out[rel] = _NAN
+def _float_errors(t: Stats, r: Stats) -> dict[str, float | None]:
+    """stat_errors for one call of floats, in float arithmetic: the same IEEE operations in the same
+    order as stat_error_calls, so the same values, None where it has NaN (no value);
+    tests/compare/test_stats_floats.py holds the two to each other."""
+    out: dict[str, float | None] = {}
+    isfinite = math.isfinite
+    for (diff, rel), x, y in zip(_DIFF_RELS, (t.max, t.min, t.mean, t.norm), (r.max, r.min, r.mean, r.norm)):
+        if x is None or y is None or not (isfinite(x) and isfinite(y)):
+            out[diff] = out[rel] = None
             continue
         d = y - x
         out[diff] = d
         out[rel] = abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else _INF)
-    amax = _fmax([abs(x) if math.isfinite(x) else _NAN for x in (t.max, t.min, r.max, r.min) if x is not None])
+    amax = _fmax([abs(x) if isfinite(x) else _NAN for x in (t.max, t.min, r.max, r.min) if x is not None])
     scaled = []
     tn, rn, nd = t.norm, r.norm, out["norm_diff"]
+    nd = _NAN if nd is None else nd
     if tn is not None and rn is not None:
         # np.maximum propagates NaN where max() would not.
         denom = _NAN if tn != tn or rn != rn else max(abs(tn), abs(rn))
         scaled.append(_NAN if nd != nd else (abs(nd) / denom if denom > 0 else 0.0))
     md = out["mean_diff"]
+    md = _NAN if md is None else md
     if t.mean is not None and r.mean is not None:
         rms = _NAN
         if tn is not None and rn is not None and (t.numel or r.numel):
             count = math.sqrt(float(min(max(t.numel or 1, r.numel or 1), 1e300)))
-            rms = max(abs(tn), abs(rn)) / count if math.isfinite(tn) and math.isfinite(rn) else _NAN
+            rms = max(abs(tn), abs(rn)) / count if isfinite(tn) and isfinite(rn) else _NAN
         scale = rms if _truthy_float(rms) else amax
         scaled.append(_NAN if md != md else _ratio_float(md, scale))
-    for a in ("max", "min"):
-        dd = out[f"{a}_diff"]
-        if getattr(t, a) is None or getattr(r, a) is None:
+    for dd, x, y in ((out["max_diff"], t.max, r.max), (out["min_diff"], t.min, r.min)):
+        if x is None or y is None:
             continue
+        if dd is None:
+            dd = _NAN
         if t.is_int or r.is_int:
             s = 0.0 if dd == 0 else _INF
         else:
             s = _ratio_float(dd, amax)
         scaled.append(_NAN if dd != dd else s)
-    out["scaled_error"] = _fmax(scaled)
+    err = _fmax(scaled)
+    out["scaled_error"] = None if err != err else err
     return out

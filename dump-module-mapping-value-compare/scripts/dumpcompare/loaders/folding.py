@@ -230,7 +230,7 @@ class CallFolder:
             if g is not None and in_order and self._fold_call(g, value):
                 self._folded(g, key, order)
                 return
-            e = build_entry(key, value, order)
+            e = build_entry(key, value, order, parsed)
             if not in_order:
                 self._break()
             elif base in self.apart or (g is not None and not g.orders and g is not g.first_run):
@@ -242,7 +242,7 @@ class CallFolder:
             self.keys.add(key)
             self.kept.append((order, e))
             return
-        self.kept.append((order, build_entry(key, value, order)))
+        self.kept.append((order, build_entry(key, value, order, parsed)))
 
     def _start_group(self, base: tuple, e: Entry, value: dict, before: _Group | None) -> None:
         try:

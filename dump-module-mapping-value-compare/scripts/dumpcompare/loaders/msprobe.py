@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from typing import Any
 
 from ..records import BACKWARD, PARAM_GRAD, Entry, Leaf
@@ -17,15 +18,20 @@ _API_RE = re.compile(r"^(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<path>.+)\.(?P<call>
 
 def parse_key(key: str) -> tuple[str, str, str, str, int] | None:
     """Split a dump key into (kind, path, class, direction, call index), or None."""
+    # Paths and classes are interned: each module is called again and again (micro-batches, decode
+    # steps, calls that do not fold), and its entries then share one copy of each.
     m = _MODULE_RE.match(key)
     if m:
-        return "module", m.group("path") or "", m.group("cls"), m.group("dir"), int(m.group("call"))
+        return ("module", sys.intern(m.group("path") or ""), sys.intern(m.group("cls")), sys.intern(m.group("dir")),
+                int(m.group("call")))
     m = _PGRAD_RE.match(key)
     if m:
-        return "module", m.group("path") or "", m.group("cls"), PARAM_GRAD, int(m.group("call") or 0)
+        return ("module", sys.intern(m.group("path") or ""), sys.intern(m.group("cls")), PARAM_GRAD,
+                int(m.group("call") or 0))
     m = _API_RE.match(key)
     if m:
-        return "api", m.group("path"), m.group("cls"), m.group("dir"), int(m.group("call"))
+        return ("api", sys.intern(m.group("path")), sys.intern(m.group("cls")), sys.intern(m.group("dir")),
+                int(m.group("call")))
     return None
 
 
@@ -57,6 +63,12 @@ MAX_DIMS = 64
 MAX_NUMEL = 2 ** 63 - 1
 
 
+# Shapes seen so far, each kept once: a dump holds few distinct shapes and tens of thousands of
+# leaves. Bounded, since the table outlives the dump.
+_SHAPES: dict[tuple, tuple] = {}
+_SHAPES_MAX = 4096
+
+
 class ShapeError(ValueError):
     """A dumped shape that cannot be a tensor's; the loader names the file, entry and leaf."""
 
@@ -75,7 +87,14 @@ def _shape(v: Any) -> tuple[int, ...] | None:
         numel *= d
         if numel > MAX_NUMEL or d > MAX_NUMEL:
             raise ShapeError("shape of 2^63 elements or more")
-    return tuple(v)
+    shape = tuple(v)
+    # Looked up only once checked: 1.0 and True equal 1 and would find an integer shape.
+    kept = _SHAPES.get(shape)
+    if kept is not None:
+        return kept
+    if len(_SHAPES) < _SHAPES_MAX:
+        _SHAPES[shape] = shape
+    return shape
 
 
 def _is_leaf(item: dict) -> bool:
@@ -91,8 +110,18 @@ def leaf_from_item(name: str, item: dict) -> Leaf:
         shape = _shape(get("shape"))
     except ShapeError as exc:
         raise ShapeError(f"leaf {name}: {exc}") from None
-    return Leaf(name, dt if type(dt) is str else None, shape,
-                stat_value(get("Max")), stat_value(get("Min")), stat_value(get("Mean")), stat_value(get("Norm")),
+    # A statistic is nearly always a float already: stat_value only for the rest.
+    mx, mn, me, no = get("Max"), get("Min"), get("Mean"), get("Norm")
+    if type(mx) is not float:
+        mx = stat_value(mx)
+    if type(mn) is not float:
+        mn = stat_value(mn)
+    if type(me) is not float:
+        me = stat_value(me)
+    if type(no) is not float:
+        no = stat_value(no)
+    # Names and dtypes repeat in every entry: interned, each is held once however many leaves name it.
+    return Leaf(sys.intern(name), sys.intern(dt) if type(dt) is str else None, shape, mx, mn, me, no,
                 rg if type(rg) is bool else None, ck if type(ck) is str else None,
                 dn if type(dn) is str else None)
 
@@ -119,9 +148,10 @@ def flatten(prefix: str, item: Any, out: list[Leaf]) -> None:
         flatten(f"{prefix}.{k}", sub, out)
 
 
-def build_entry(key: str, value: Any, order: int) -> Entry | None:
-    """Parse one dump entry; None when the key matches no msprobe pattern."""
-    parsed = parse_key(key)
+def build_entry(key: str, value: Any, order: int, parsed: tuple | None = None) -> Entry | None:
+    """Parse one dump entry; None when the key matches no msprobe pattern. ``parsed``: the key's
+    parse_key result, when the caller has it already."""
+    parsed = parsed or parse_key(key)
     if parsed is None or not isinstance(value, dict):
         return None
     try:

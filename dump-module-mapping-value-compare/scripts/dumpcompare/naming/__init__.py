@@ -123,6 +123,12 @@ class Namer:
                 for pat in r.get(scope_key, []) or []:
                     self.roles.append((scope_key, re.compile(f"^(?:{pat})$"), r))
         self.activation_like = {a.lower() for a in profiles.get("activation_like", [])}
+        # A module's every call, and every layer's copy of a rule, asks the same questions again:
+        # answers kept per path, family and point (a dump of many modules asks tens of thousands).
+        self._stripped: dict[str, str] = {}
+        self._classified: dict[str, tuple] = {}
+        self._port_tables: dict[str, list[dict]] = {}
+        self._expanded: tuple[dict | None, dict] = (None, {})
 
     # -- path normalisation -------------------------------------------------------------
     def strip_wrappers(self, raw: str) -> str:
@@ -132,6 +138,12 @@ class Namer:
         the list): ``0.module.module.decoder...``. Several chunks (virtual pipeline) were split into
         stages before naming (loaders/joining.split_chunks), so one index is left at most.
         """
+        got = self._stripped.get(raw)
+        if got is None:
+            got = self._stripped[raw] = self._strip(raw)
+        return got
+
+    def _strip(self, raw: str) -> str:
         segs = [s for s in raw.split(".") if s and s not in self.wrap_segments] if raw else []
         if len(segs) > 1 and segs[0].isdigit() and segs[1] in self.lead_segments:
             segs = segs[1:]
@@ -153,6 +165,12 @@ class Namer:
 
     def classify(self, path: str) -> tuple[int | None, str, dict | None]:
         """Return (layer, local path, role rule or None) for a normalised path."""
+        got = self._classified.get(path)
+        if got is None:
+            got = self._classified[path] = self._classify(path)
+        return got
+
+    def _classify(self, path: str) -> tuple[int | None, str, dict | None]:
         m = None
         for m in self.layer_re.finditer(path):
             pass
@@ -175,6 +193,12 @@ class Namer:
     # -- ports ----------------------------------------------------------------------------
     def family_ports(self, family: str) -> list[dict]:
         """Port tables to consult for a family, most specific first, ending with hf."""
+        got = self._port_tables.get(family)
+        if got is None:
+            got = self._port_tables[family] = self._family_ports(family)
+        return got
+
+    def _family_ports(self, family: str) -> list[dict]:
         chain, fam = [], family
         while fam and fam not in [c for c, _ in chain]:
             table = self.p.get("ports", {}).get(fam, {}) or {}
@@ -251,6 +275,19 @@ class Namer:
         return True
 
     def _expand(self, point: str, rec: ModuleRecord, last_layer: int | None, layer_roles: dict) -> str | None:
+        # The expansion depends on the point, the record's layer and family, the last layer and the
+        # layer roles; the memo is kept for one layer_roles (one side being named) and holds it, so
+        # that no later table can take its identity.
+        held, memo = self._expanded
+        if held is not layer_roles:
+            memo = {}
+            self._expanded = (layer_roles, memo)
+        key = (point, rec.layer, rec.family, last_layer)
+        if key not in memo:
+            memo[key] = self._expand_point(point, rec, last_layer, layer_roles)
+        return memo[key]
+
+    def _expand_point(self, point: str, rec: ModuleRecord, last_layer: int | None, layer_roles: dict) -> str | None:
         scope = rec.scope
         prev = f"L{rec.layer - 1}" if rec.layer else None
         if "{P}" in point and prev is None:
