@@ -96,8 +96,8 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert "median s" in out and "peak MB" in out
     for label in ("ratio statistics compare:", "ratio statistics root cause triage",
                   "ratio statistics end to end", "ratio tensor compare:",
-                  "ratio tensor rootcause:", "ratio wide:", "ratio generation compare:",
-                  "ratio generation reference:", "ratio many time:", "ratio many memory:"):
+                  "ratio tensor rootcause:", "ratio wide:", "ratio generation compare [small]:",
+                  "ratio generation reference [small]:", "ratio many time:", "ratio many memory:"):
         line = next((ln for ln in out.splitlines() if ln.startswith(label)), None)
         assert line is not None, (label, out)
         assert re.search(r"= >?\d+\.\d\dx", line), line
@@ -105,7 +105,7 @@ def test_bench_quick_prints_ratios(tmp_path):
     assert re.search(r"verdict \(full run\): root_cause_found", out), out
     # Generated files are removed without --keep.
     assert not (work / "stats_pair").exists() and not (work / "tensor_pair").exists()
-    assert not list(work.glob("wide_*")) and not (work / "generation").exists()
+    assert not list(work.glob("wide_*")) and not list(work.glob("generation_*"))
     assert not (work / "many_pair").exists() and not (work / "tiny_pair").exists()
 
 
@@ -199,24 +199,27 @@ def test_bench_generation_prints_its_ratio_lines(tmp_path):
     matched the dumps on every call (no departure, so no fault simulation weighs on the time)."""
     work = tmp_path / "w"
     proc = _run([BENCH, "--stages", "generation,reftorch", "--repeat", "1", "--gen-prompt", "4", "--gen-decode",
-                 "6", "--gen-layers", "2", "--gen-hidden", "64", "--gen-vocab", "128", "--workdir", work])
+                 "6", "--gen-layers", "2", "--gen-hidden", "64", "--gen-vocab", "128", "--gen-models", "small",
+                 "--workdir", work])
     out = proc.stdout.splitlines()
-    for label, target in (("ratio generation compare:", "1.5x"), ("ratio generation reference:", "1.2x")):
+    for label, target in (("ratio generation compare [small]:", "1.5x"),
+                          ("ratio generation reference [small]:", "1.2x")):
         line = next((ln for ln in out if ln.startswith(label)), None)
         assert line is not None, (label, proc.stdout)
         assert re.search(r"= \d+\.\d\dx \(target <= " + re.escape(target) + r"\), cpu time ratio \d+\.\d\dx", line), line
-        assert "[" not in line, line        # no failed or stopped run
-    adds = next(ln for ln in out if ln.startswith("what --model adds:"))
+        assert not line.endswith("]"), line        # no failed or stopped run (its status tag ends the line)
+    adds = next(ln for ln in out if ln.startswith("what --model adds [small]:"))
     assert re.search(r"-?\d+\.\d\d s on 6 decode calls against -?\d+\.\d\d s on one forward", adds), adds
-    info = next(ln for ln in out if ln.startswith("generation pair:"))
+    info = next(ln for ln in out if ln.startswith("generation pair [small]:"))
     assert "vLLM prefill 4 + 6 decode calls in one dump" in info and "7 calls x" in info, info
+    assert not any("[qwen3-0.6b]" in ln for ln in out)
     for what in ("one forward", "6 decode calls"):
-        ref = next(ln for ln in out if ln.startswith(f"reference forward ({what}):"))
+        ref = next(ln for ln in out if ln.startswith(f"reference forward [small] ({what}):"))
         assert "ran True" in ref and "both sides match the reference" in ref, ref
     torch = next(ln for ln in out if ln.startswith("ratio reftorch:"))
     assert re.search(r"ratio reftorch: (skipped: torch not installed|numpy reference forward / transformers "
                      r"forward: time \d+\.\d\dx .* peak memory \d+\.\d\dx)", torch), torch
-    assert not (work / "generation").exists()
+    assert not (work / "generation_small").exists()
 
 
 def test_gendump_writes_the_vllm_generation_shape(tmp_path):

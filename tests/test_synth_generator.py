@@ -544,3 +544,37 @@ def test_generation_is_fast_and_deterministic(tmp_path):
     assert elapsed < 0.5, elapsed
     b = synth.generate_pair(tmp_path / "b", synth.Config(layers=4, hidden=64))
     assert (a[1] / "dump.json").read_text() == (b[1] / "dump.json").read_text()
+
+
+def test_a_dump_streamed_call_by_call_is_the_one_written_from_copied_entries(tmp_path):
+    """synth.stream cuts each entry into calls as its module finishes (tools/gendump.py at a real
+    model's width): the same dump.json, byte for byte, and the same construct.json as cutting the
+    finished forward's entries (synth.decode) and writing them."""
+    from synth.decode import split_prefill_decode
+    from synth.stream import CallDump
+
+    cfg = synth.Config(seq_len=7)
+    spans = [(0, 3)] + [(t, t + 1) for t in range(3, 7)]
+    synth.write_dump(tmp_path / "copied", split_prefill_decode(synth.run_side(cfg, "vllm", grad=False), 7, 3))
+    dump = CallDump(tmp_path / "streamed", 7, spans, lambda key, n: f"{key.rsplit('.', 1)[0]}.{n}")
+    assert synth.run_side(cfg, "vllm", sink=dump.add) == [] and dump.modules > 0
+    dump.write()
+    assert (tmp_path / "streamed" / "dump.json").read_bytes() == (tmp_path / "copied" / "dump.json").read_bytes()
+    construct = [json.loads((tmp_path / d / "construct.json").read_text()) for d in ("streamed", "copied")]
+    assert construct[0] == construct[1]
+    # Call by call, each call's modules in start order (the copied entries keep one start per module).
+    calls = [int(k.rsplit(".", 1)[1]) for k in construct[0]]
+    assert calls == sorted(calls) and len(set(calls)) == len(spans)
+
+
+def test_a_side_with_a_corrupted_weight_leaves_the_other_sides_weights_alone():
+    """Weights.copy shares the arrays (a fault replaces a weight, never writes into one): a clean side
+    holds no second copy of the model, and a corrupted one still leaves the other side's weight alone."""
+    weights = synth.init_weights(CFG)
+    before = weights.layers[1].down.copy()
+    bad = {e.key: e for e in synth.run_side(CFG, "hf", [F.CorruptWeight("train", "down", 1)], weights=weights)}
+    good = {e.key: e for e in synth.run_side(CFG, "hf", weights=weights)}
+    key = "Module.model.layers.1.mlp.down_proj.Linear.forward.0"
+    assert np.array_equal(weights.layers[1].down, before)
+    assert good[key].parameters["weight"].data is weights.layers[1].down
+    assert not np.array_equal(bad[key].parameters["weight"].data, before)

@@ -36,7 +36,12 @@ are. Runs are interleaved (one round of every command, ``--repeat`` rounds) and 
 printed: ``run_compare.py`` on the decode pair without ``--model`` against ``json.load`` of the same
 two files (target 1.5x), and with ``--model``/``--token-ids`` against the same command on the
 single-forward pair (target 1.2x); a third line gives what ``--model`` adds to each pair (the
-reference forward and its per-call judging, without the cost of reading the larger dump).
+reference forward and its per-call judging, without the cost of reading the larger dump). Each
+model of ``--gen-models`` gets its pair and its lines: ``small`` (``--gen-layers``,
+``--gen-hidden``, ``--gen-vocab``, float32) and ``qwen3-0.6b``, Qwen3-0.6B's shape (28 layers,
+hidden 1024, MLP 3072, 16 heads x 64, 8 KV heads; vocab 32000, not its 151936) with a float32
+checkpoint (a trainer's master weights), on which the 1.2x target is judged: a real model's
+reference forward.
 
 Many modules (``many``): ``tools/manydump.py`` writes a pair of ``--many-calls`` forward calls of an
 80-layer model whose shapes alternate between calls, so that no call folds: ~1000 distinct entries
@@ -735,6 +740,9 @@ def main(argv=None) -> int:
                          "interpreter's fixed start-up is not most of what is timed; 4 with --quick)")
     ap.add_argument("--gen-hidden", type=int, default=256, help="hidden size of the generation model (default 256)")
     ap.add_argument("--gen-vocab", type=int, default=1024, help="vocabulary of the generation model (default 1024)")
+    ap.add_argument("--gen-models", default=None,
+                    help="comma-separated models of the generation stage: small (the --gen-* sizes above) and "
+                         "qwen3-0.6b (default both; small with --quick)")
     ap.add_argument("--many-calls", type=int, default=None,
                     help="unfoldable forward calls of the many stage's 80-layer pair (default 40: ~40k modules "
                          "per side; 4 with --quick)")
@@ -754,6 +762,10 @@ def main(argv=None) -> int:
     args.logprob_tokens = args.logprob_tokens or (100_000 if q else 1_000_000)
     args.gen_decode = args.gen_decode or (32 if q else 256)
     args.gen_layers = args.gen_layers or (4 if q else 28)
+    args.gen_models = [m.strip() for m in (args.gen_models or ("small" if q else "small,qwen3-0.6b")).split(",")
+                       if m.strip()]
+    if not args.gen_models or set(args.gen_models) - set(GEN_MODELS):
+        ap.error(f"--gen-models: choose among {', '.join(GEN_MODELS)}, got {args.gen_models}")
     args.many_calls = args.many_calls or (4 if q else 40)
     try:
         args.wide_leaves = [int(x) for x in (args.wide_leaves or ("2000,10000" if q else "10000,100000,300000"))
@@ -850,7 +862,8 @@ def main(argv=None) -> int:
             run_wide(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
         if "generation" in stages:
-            run_generation(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
+            for model in args.gen_models:
+                run_generation(args, model, work, mem_limit, created, results, rows, ratio_lines, info_lines)
         if "many" in stages:
             run_many(args, work, mem_limit, created, results, rows, ratio_lines, info_lines)
 
@@ -990,30 +1003,47 @@ def _reference_verdict(out_dir: Path) -> str:
     return f"ran {rf.get('ran')}, {', '.join(parts)}, verdict: {(rf.get('verdict') or {}).get('reason', '-')}"
 
 
-def run_generation(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
+# The generation stage's models: gendump.py's flags for each. Qwen3-0.6B's shape as its config.json
+# gives it (a dense Llama-like decoder; its q/k norms are not modelled; its vocabulary of 151936 cut
+# to 32000), float32 as a trainer's master weights are. Not bfloat16: on a clean bf16 pair the
+# synthetic vLLM side leaves the reference forward (at L5.act_out of the small model; README
+# "Generations"), and the stage must time the clean path, not the fault simulation.
+QWEN3_06B = ["--layers", "28", "--hidden", "1024", "--intermediate", "3072", "--heads", "16", "--kv-heads", "8",
+             "--head-dim", "64", "--vocab", "32000", "--dtype", "fp32"]
+GEN_MODELS = ("small", "qwen3-0.6b")
+
+
+def _gen_flags(args, model: str) -> list[str]:
+    if model == "qwen3-0.6b":
+        return list(QWEN3_06B)
+    return ["--layers", str(args.gen_layers), "--hidden", str(args.gen_hidden), "--vocab", str(args.gen_vocab)]
+
+
+def run_generation(args, model: str, work: Path, mem_limit: int, created: list, results: dict, rows: list,
                    ratio_lines: list, info_lines: list) -> None:
     """A trainer forward over prompt + response against vLLM's prefill and decode calls in one dump
-    (tools/gendump.py): run_compare.py against json.load of the same files, and with --model against
-    the same command on an engine that ran one forward over the same tokens (issue 23)."""
+    (tools/gendump.py) of ``model``: run_compare.py against json.load of the same files, and with
+    --model against the same command on an engine that ran one forward over the same tokens (issue 23)."""
     py = args.python
-    folder = work / "generation"
+    folder = work / f"generation_{model}"
     created.append(folder)
     if folder.exists():
         shutil.rmtree(folder)
     cmd = [py, str(ROOT / "tools" / "gendump.py"), "--out", str(folder), "--prompt", str(args.gen_prompt),
-           "--decode", str(args.gen_decode), "--layers", str(args.gen_layers), "--hidden", str(args.gen_hidden),
-           "--vocab", str(args.gen_vocab), "--seed", str(args.seed)]
-    log("generation: writing the pair: " + " ".join(cmd[2:]))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bench: gendump failed:\n{proc.stderr}")
-    g = json.loads(proc.stdout.strip().splitlines()[-1])
+           "--decode", str(args.gen_decode), *_gen_flags(args, model), "--seed", str(args.seed)]
+    log(f"generation [{model}]: writing the pair: " + " ".join(cmd[2:]))
+    written = run_measured(cmd, timeout=args.stage_timeout or 3600.0, mem_limit=mem_limit)
+    if not written.ok:
+        sys.exit(f"bench: gendump failed:\n{written.stderr}")
+    g = json.loads(written.stdout.strip().splitlines()[-1])
     b = g["bytes"]
     info_lines.append(
-        f"generation pair: trainer 1 forward over {g['prompt'] + g['decode']} tokens ({_mb(b['train'])} MB), "
+        f"generation pair [{model}]: trainer 1 forward over {g['prompt'] + g['decode']} tokens ({_mb(b['train'])} MB), "
         f"vLLM prefill {g['prompt']} + {g['decode']} decode calls in one dump ({_mb(b['rollout_decode'])} MB, "
         f"{g['calls']} calls x {g['entries_per_call']} modules, shared rotary under layer 0) or one forward "
-        f"({_mb(b['rollout_prefill'])} MB); {g['layers']} layers, hidden {g['hidden']}, vocab {g['vocab']}")
+        f"({_mb(b['rollout_prefill'])} MB); {g['layers']} layers, hidden {g['hidden']}, MLP {g['intermediate']}, "
+        f"{g['heads']} heads x {g['head_dim']} ({g['kv_heads']} KV), vocab {g['vocab']}, {g['dtype']} checkpoint of "
+        f"{_mb(g['model_bytes'])} MB; written in {written.wall:.0f} s (cpu {written.cpu:.0f} s), peak {written.peak / MB:.0f} MB")
     ref = ["--model", g["model"], "--token-ids", g["tokens"]]
 
     def compare(rollout: str, out: str, extra: list[str]) -> list[str]:
@@ -1021,44 +1051,48 @@ def run_generation(args, work: Path, mem_limit: int, created: list, results: dic
         return [py, str(COMPARE), "--train", g["train"], "--rollout", rollout, "--out-dir", str(work / out),
                 "--quiet", *extra]
 
-    specs = [("generation: json.load (trainer + decode dump)",
+    tag = f"generation [{model}]"
+    specs = [(f"{tag}: json.load (trainer + decode dump)",
               [py, "-c", JSON_LOAD_ALL, g["files"]["train"], g["files"]["rollout_decode"]]),
-             (f"generation: compare, {g['decode']} decode calls",
-              compare(g["rollout_decode"], "out_gen_decode", [])),
-             ("generation: compare, one forward", compare(g["rollout_prefill"], "out_gen_prefill", [])),
-             ("generation: compare --model, one forward", compare(g["rollout_prefill"], "out_gen_prefill_ref", ref)),
-             (f"generation: compare --model, {g['decode']} decode calls",
-              compare(g["rollout_decode"], "out_gen_decode_ref", ref))]
-    timeout = args.stage_timeout or 600.0
+             (f"{tag}: compare, {g['decode']} decode calls",
+              compare(g["rollout_decode"], f"out_gen_{model}_decode", [])),
+             (f"{tag}: compare, one forward", compare(g["rollout_prefill"], f"out_gen_{model}_prefill", [])),
+             (f"{tag}: compare --model, one forward",
+              compare(g["rollout_prefill"], f"out_gen_{model}_prefill_ref", ref)),
+             (f"{tag}: compare --model, {g['decode']} decode calls",
+              compare(g["rollout_decode"], f"out_gen_{model}_decode_ref", ref))]
+    timeout = args.stage_timeout or 1200.0
     base, plain, one_plain, one, many = run_interleaved(specs, args.repeat, timeout=timeout, mem_limit=mem_limit)
     for st, against in ((base, None), (plain, base), (one_plain, None), (one, one_plain), (many, one)):
         results["stages"][st.name] = _stage_json(st)
         rows.append(stage_row(st, against.median if against else None, None))
     r = _ratio_parts(plain, base.median, base.cpu_median)
     ratio_lines.append(
-        f"ratio generation compare: time / json.load(both files) = {r['time']} (target <= 1.5x), "
+        f"ratio generation compare [{model}]: time / json.load(both files) = {r['time']} (target <= 1.5x), "
         f"cpu time ratio {r['cpu']}; {g['decode']} decode calls, statistics, no --model; "
         f"median {_fmt_s(plain.median)} s, peak {r['peak_mb']} MB{r['tag']}")
     r = _ratio_parts(many, one.median, one.cpu_median)
     ratio_lines.append(
-        f"ratio generation reference: time / the same tokens in one forward = {r['time']} (target <= 1.2x), "
-        f"cpu time ratio {r['cpu']}; --model --token-ids, {g['decode']} decode calls judged one by one; "
-        f"median {_fmt_s(many.median)} s against {_fmt_s(one.median)} s, peak {r['peak_mb']} MB{r['tag']}")
+        f"ratio generation reference [{model}]: time / the same tokens in one forward = {r['time']} "
+        f"(target <= 1.2x), cpu time ratio {r['cpu']}; --model --token-ids, {g['decode']} decode calls judged "
+        f"one by one; median {_fmt_s(many.median)} s against {_fmt_s(one.median)} s, peak {r['peak_mb']} MB{r['tag']}")
     if None in (plain.median, one_plain.median, one.median, many.median):
-        ratio_lines.append("what --model adds: not measured (a command failed)")
+        ratio_lines.append(f"what --model adds [{model}]: not measured (a command failed)")
     else:
         # The ratio above also pays for reading a dump that holds every call (hundreds of times the
         # one-forward dump); this line isolates the reference forward and its per-call judging.
         ratio_lines.append(
-            f"what --model adds: {_fmt_s(many.median - plain.median)} s on {g['decode']} decode calls against "
-            f"{_fmt_s(one.median - one_plain.median)} s on one forward over the same tokens (medians; the same "
-            "reference forward runs once per side in both)")
-    for st, out in ((one, "out_gen_prefill_ref"), (many, "out_gen_decode_ref")):
+            f"what --model adds [{model}]: {_fmt_s(many.median - plain.median)} s on {g['decode']} decode calls "
+            f"against {_fmt_s(one.median - one_plain.median)} s on one forward over the same tokens (medians; the "
+            "same reference forward runs once per side in both)")
+    for st, out in ((one, f"out_gen_{model}_prefill_ref"), (many, f"out_gen_{model}_decode_ref")):
         if st.failed is None:
-            info_lines.append(f"reference forward ({st.name.split(', ', 1)[1]}): {_reference_verdict(work / out)}")
-    results["generation"] = {**g, "json_load_s": base.median, "compare_s": plain.median,
-                             "compare_one_forward_s": one_plain.median,
-                             "reference_one_forward_s": one.median, "reference_decode_s": many.median}
+            info_lines.append(f"reference forward [{model}] ({st.name.split(', ', 1)[1]}): "
+                              f"{_reference_verdict(work / out)}")
+    results.setdefault("generation", {})[model] = {
+        **g, "write_s": written.wall, "write_peak_bytes": written.peak, "json_load_s": base.median,
+        "compare_s": plain.median, "compare_one_forward_s": one_plain.median,
+        "reference_one_forward_s": one.median, "reference_decode_s": many.median}
     results["ratio_lines"] = list(ratio_lines)
 
 

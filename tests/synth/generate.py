@@ -13,12 +13,14 @@ from .writer import write_dump
 
 
 def run_side(cfg: Config, layout: str, faults=(), grad: bool = False, options=None,
-             weights=None) -> list:
+             weights=None, sink=None) -> list:
     """Run one side's forward pass in ``layout`` and return its recorded ``Entry`` list.
 
     ``faults`` are applied as given (their ``side`` is not consulted here), ``grad`` marks a
     training forward (requires_grad on parameters and activations), ``options`` are the layout's
-    options, ``weights`` default to ``init_weights(cfg)``.
+    options, ``weights`` default to ``init_weights(cfg)``. With ``sink``, each entry is passed to
+    it as its module finishes and the list returned is empty (a large model's activations are not
+    all held).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
@@ -28,7 +30,7 @@ def run_side(cfg: Config, layout: str, faults=(), grad: bool = False, options=No
         fault.apply(plan)
     kernels = plan.kernels()
     tokens = make_tokens(cfg)
-    side = Side(cfg=cfg, plan=plan, k=kernels, rec=Recorder(kernels, grad), ids=tokens,
+    side = Side(cfg=cfg, plan=plan, k=kernels, rec=Recorder(kernels, grad, sink), ids=tokens,
                 positions=np.arange(cfg.seq_len, dtype=np.int64), options=dict(options or {}))
     LAYOUTS[layout](side)
     return side.rec.entries

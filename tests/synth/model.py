@@ -71,9 +71,11 @@ class Weights:
     layers: list = field(default_factory=list)
 
     def copy(self) -> "Weights":
-        """A deep copy, so one side's faults never leak into the other side."""
-        layers = [LayerWeights(**{k: v.copy() for k, v in vars(lw).items()}) for lw in self.layers]
-        return Weights(self.embed.copy(), self.final_norm.copy(), self.lm_head.copy(), layers)
+        """New containers over the same arrays, so one side's faults never leak into the other
+        side: a fault replaces a weight (synth.faults sets a new array) and no layout writes into
+        one, so the arrays need no copy (a second copy of a 1 GB model's weights per side)."""
+        layers = [LayerWeights(**vars(lw)) for lw in self.layers]
+        return Weights(self.embed, self.final_norm, self.lm_head, layers)
 
 
 def init_weights(cfg: Config) -> Weights:

@@ -70,12 +70,15 @@ class Recorder:
 
     ``grad`` says whether the side runs with autograd (training): then parameters and float
     activations have requires_grad true, while ids, positions and constant tables do not.
+    ``sink``: called with each entry as it finishes instead of keeping it in ``entries``, so that a
+    large model's activations need not all be held until the forward ends.
     """
 
-    def __init__(self, kernels: Kernels, grad: bool):
+    def __init__(self, kernels: Kernels, grad: bool, sink=None):
         self.kernels = kernels
         self.grad = grad
         self.entries: list = []
+        self._sink = sink if sink is not None else self.entries.append
         self._stack: list = []
         self._counts: dict = {}
         self._started = 0
@@ -99,7 +102,7 @@ class Recorder:
             yield Call(self, entry)
         finally:
             self._stack.pop()
-        self.entries.append(entry)
+        self._sink(entry)
 
     def const(self, x: np.ndarray) -> Leaf:
         """A tensor that never requires grad (masks, rotary tables), in the current dtype."""

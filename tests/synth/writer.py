@@ -43,7 +43,8 @@ def leaf_stats(leaf: Leaf) -> dict:
     return {"Max": float(x.max()), "Min": float(x.min()), "Mean": float(mean), "Norm": float(norm)}
 
 
-def _leaf_json(leaf: Leaf, data_name) -> dict:
+def leaf_json(leaf: Leaf, data_name) -> dict:
+    """A tensor's dump.json record: dtype, shape, statistics, and its file's name in tensor mode."""
     out = {"type": "torch.Tensor", "dtype": leaf.dtype, "shape": list(leaf.data.shape)}
     out.update(leaf_stats(leaf))
     out["requires_grad"] = leaf.requires_grad
@@ -62,7 +63,7 @@ class _TensorSink:
 
     def convert(self, item, prefix: str):
         if isinstance(item, Leaf):
-            return _leaf_json(item, self._save(item, prefix))
+            return leaf_json(item, self._save(item, prefix))
         if isinstance(item, list):
             return [self.convert(v, f"{prefix}.{i}") for i, v in enumerate(item)]
         if isinstance(item, dict):

@@ -24,7 +24,8 @@ import numpy as np
 
 from .compare.stats import combine
 from .dtypes import dtype_key
-from .refpoints import call_groups, leaf_calls, ref_stats
+from .refjudge import leaf_calls, ref_stats
+from .refpoints import call_groups
 
 
 def _ref(a: np.ndarray, dtype: str) -> dict:

@@ -5,21 +5,17 @@ hypotheses on top of these. Why the judgement holds: references/reference_forwar
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import points
-from .arrays import leaf_array, rel_error, to_dtype
-from .callruns import call_leaves, calls_held, side_leaves
-from .compare.stats import Stats, combine, stat_error_calls, stat_errors
-from .compare.tensors import as_tokens
-from .dtypes import dtype_key
+from .callruns import call_leaves, calls_held
 from .naming import ModuleRecord, Namer
 from .plan import Carrier, PointPlan
 from .records import Entry, Leaf
-from .tolerances import pair_tolerances
+from .refcalls import judge_calls
+from .refjudge import judge_whole
 
 
 @dataclass
@@ -111,53 +107,31 @@ def _put_derived(arrays: dict, order: dict, point: str, arr: np.ndarray, sources
         order[point] = max(order[s] for s in sources if s in order) + 0.5
 
 
-def leaf_calls(leaf: Leaf) -> list[Stats]:
-    rows = leaf.per_call if leaf.per_call is not None and len(leaf.per_call) > 1 else None
-    if rows is None:
-        return [Stats(leaf.max, leaf.min, leaf.mean, leaf.norm, leaf.numel, leaf.dtype)]
-    return [Stats(*[None if math.isnan(v) else float(v) for v in row], leaf.numel, leaf.dtype) for row in rows]
-
-
-def ref_stats(a: np.ndarray, dtype: str) -> Stats:
-    """Max/Min/Mean/Norm of a reference tensor rounded to the side's dtype."""
-    w = to_dtype(a, dtype).astype(np.float64)
-    return Stats(float(w.max()), float(w.min()), float(w.mean()), float(np.sqrt(np.sum(w * w))), int(w.size), dtype)
-
-
-def _side_tensor(view, leaves: list[Leaf], n_parts: int) -> np.ndarray | None:
-    """The side's tensor as [tokens, features]: parts side by side, steps one after another."""
-    if any(lf.per_call is not None or not lf.data_name for lf in leaves):
-        return None
-    arrays = [leaf_array(view, lf) for lf in leaves]
-    if any(a is None for a in arrays):
-        return None
-    rows = [as_tokens(a, view.family) for a in arrays]
-    if n_parts > 1 and len(rows) == n_parts:
-        return np.concatenate(rows, axis=1) if len({r.shape[0] for r in rows}) == 1 else None
-    return np.concatenate(rows, axis=0) if len({r.shape[1] for r in rows}) == 1 else None
-
-
-def judge_point(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolerances: dict,
-                use_tensors: bool, call_ends: list[int] | None = None) -> dict:
+def judge_point(ref: np.ndarray, view, runs: list[Leaf], n_parts: int, tolerances: dict,
+                use_tensors: bool, call_ends: list[int] | None = None, stitched: bool = False) -> dict:
     """``matches_reference`` of one side at one point, with the error and how it was measured.
 
-    ``call_ends``: the token count after each of the side's forward calls (an engine's prefill,
-    then its decode calls). Where the side's leaves hold those calls one by one, each call is
-    judged on its own rows and the point departs when any call does: the statistics of a fault
-    that starts at a decode call, averaged with the calls before it, can fall below tolerance."""
-    per_call = call_groups(leaves, ref, call_ends) if call_ends and len(call_ends) > 1 else None
-    if per_call is None:
-        return _judge_whole(ref, view, leaves, n_parts, tolerances, use_tensors)
-    judged = _judge_calls(per_call, view, n_parts, tolerances, use_tensors)
+    ``runs``: the side's leaves as loaded (a run of calls folded into one leaf stays one);
+    ``stitched``: the side's calls follow one another along the tokens, each run standing for
+    the calls it holds. ``call_ends``: the token count after each of the side's forward calls
+    (an engine's prefill, then its decode calls). Where the side's leaves hold those calls one by
+    one, each call is judged on its own rows and the point departs when any call does: the
+    statistics of a fault that starts at a decode call, averaged with the calls before it, can
+    fall below tolerance."""
+    expand = stitched or (len(runs) == 1 and call_ends is not None and calls_held(runs[0]) == len(call_ends))
+    judged = (judge_calls(ref, view, runs, expand, call_ends, n_parts, tolerances, use_tensors)
+              if call_ends and len(call_ends) > 1 else None)
+    if judged is None:
+        leaves = [x for lf in runs for x in call_leaves(lf)] if stitched else runs
+        return judge_whole(ref, view, leaves, n_parts, tolerances, use_tensors)
     # Columns indexed by call: a generation judges thousands of calls at every point.
-    matches = [j["matches_reference"] for j in judged]
-    errors = [j["error"] for j in judged]
+    matches, errors = judged.matches, judged.errors
     bad = [c for c, m in enumerate(matches) if m is False]
     unknown = [c for c, m in enumerate(matches) if m not in (True, False)]
     errs = [e for e in errors if e is not None]
     value = False if bad else "unknown" if unknown else True
-    out = {"matches_reference": value, "error": max(errs) if errs else None, "tolerance": judged[-1]["tolerance"],
-           "how": f"{judged[-1]['how']}, per call", "calls": {"matches_reference": matches, "error": errors},
+    out = {"matches_reference": value, "error": max(errs) if errs else None, "tolerance": judged.tolerance,
+           "how": f"{judged.how}, per call", "calls": {"matches_reference": matches, "error": errors},
            "first_call": bad[0] if bad else None}
     if unknown and not bad:
         out["detail"] = f"{len(unknown)} of {len(matches)} calls could not be judged"
@@ -190,66 +164,6 @@ def call_groups(leaves: list[Leaf], ref: np.ndarray, call_ends: list[int]):
     return out
 
 
-def _judge_calls(per_call: list, view, n_parts: int, tolerances: dict, use_tensors: bool) -> list[dict]:
-    """:func:`_judge_whole` of every call of ``per_call``, with the calls that hold one leaf of all
-    four statistics (a generation's decode calls) judged in batches of the same dtype and size:
-    one numpy pass per batch instead of one per call. The judgements are the same."""
-    out: list = [None] * len(per_call)
-    batches: dict[tuple, list[int]] = {}
-    for c, (group, rows) in enumerate(per_call):
-        lf = group[0]
-        one = len(group) == 1 and (lf.per_call is None or len(lf.per_call) <= 1)
-        if one and (not use_tensors or not lf.data_name) and lf.numel == rows.size \
-                and None not in (lf.max, lf.min, lf.mean, lf.norm):
-            batches.setdefault((dtype_key(lf.dtype), lf.numel, rows.shape), []).append(c)
-        else:
-            out[c] = _judge_whole(rows, view, group, n_parts, tolerances, use_tensors)
-    for (dtype, numel, shape), idx in batches.items():
-        if len(idx) == 1:
-            c = idx[0]
-            out[c] = _judge_whole(per_call[c][1], view, per_call[c][0], n_parts, tolerances, use_tensors)
-            continue
-        leaves = [per_call[c][0][0] for c in idx]
-        side = Stats(*[np.array([getattr(lf, a) for lf in leaves], dtype=np.float64)
-                       for a in ("max", "min", "mean", "norm")], numel, leaves[0].dtype)
-        w = to_dtype(np.stack([per_call[c][1] for c in idx]).reshape(len(idx), -1), dtype).astype(np.float64)
-        ref = Stats(w.max(axis=1), w.min(axis=1), w.mean(axis=1), np.sqrt(np.sum(w * w, axis=1)), numel, dtype)
-        tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
-        errs = stat_error_calls(side, ref)["scaled_error"]
-        for c, e in zip(idx, errs):
-            err = None if math.isnan(e) else float(e)
-            out[c] = ({"matches_reference": "unknown", "error": None, "tolerance": tol, "how": "statistics",
-                       "detail": "no statistics to compare"} if err is None else
-                      {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": "statistics"})
-    return out
-
-
-def _judge_whole(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolerances: dict,
-                 use_tensors: bool) -> dict:
-    """One judgement over all the leaves together (every call's rows as one tensor)."""
-    dtype = dtype_key(leaves[0].dtype)
-    side = _side_tensor(view, leaves, n_parts) if use_tensors else None
-    if side is not None and side.size == ref.size:
-        side = side.reshape(ref.shape) if side.shape != ref.shape else side
-        tol = tolerances["tensor"]["rel_l2"].get(dtype, tolerances["tensor"]["rel_l2"]["default"])
-        rounded = to_dtype(ref, dtype).astype(np.float64)
-        err, how = rel_error(side.astype(np.float64), rounded), "tensor"
-        if err > tol and n_parts > 1:
-            # A fused layout orders each token's features its own way: compare the sorted rows.
-            err, how = min(err, rel_error(np.sort(side, axis=1), np.sort(rounded, axis=1))), "tensor, rows sorted"
-        return {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": how}
-    stats = combine([s for lf in leaves for s in leaf_calls(lf)])
-    if stats.numel is not None and stats.numel != ref.size:
-        return {"matches_reference": "unknown", "error": None, "tolerance": None, "how": "statistics",
-                "detail": f"the side holds {stats.numel} values, the reference {ref.size} (tokens or slice differ)"}
-    tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
-    err = stat_errors(stats, ref_stats(ref, dtype)).get("scaled_error")
-    if err is None:
-        return {"matches_reference": "unknown", "error": None, "tolerance": tol, "how": "statistics",
-                "detail": "no statistics to compare"}
-    return {"matches_reference": bool(err <= tol), "error": err, "tolerance": tol, "how": "statistics"}
-
-
 def point_reference(run: RefRun, point: str) -> np.ndarray | None:
     """The reference tensor of a (possibly fused) point: its parts side by side."""
     if point in run.arrays:            # a fused output the reference yields whole (Phi-3's qkv_proj)
@@ -273,16 +187,17 @@ def compare_side(run: RefRun, plans, side: str, view, tolerances: dict, use_tens
         ref = point_reference(run, p.point)
         if ref is None:
             continue
-        leaves = side_leaves(view.leaves, getattr(p, side), p.stitched == side)
-        if not leaves or None in leaves or all(lf.numel is None for lf in leaves):
+        runs = [view.leaves[c.rec].get(c.leaf) for c in getattr(p, side)]
+        if not runs or None in runs or all(lf.numel is None for lf in runs):
             continue
         # Calls are told apart only where the plan holds them one by one (stitched) or folded.
-        by_call = p.stitched == side or (len(leaves) == 1 and leaves[0].per_call is not None)
+        stitched = p.stitched == side
+        by_call = stitched or (len(runs) == 1 and runs[0].per_call is not None)
         ends = call_ends if by_call or (call_ends and len(call_ends) == 1) else None
-        held = sum((lf.numel or 0) * (len(lf.per_call) if lf.per_call is not None else 1) for lf in leaves)
+        held = sum((lf.numel or 0) * calls_held(lf) for lf in runs)
         if ends and len(ends) == 1 and held != ref.size and held == ref.shape[1] and ends[0] == len(ref):
             ref, ends = ref[-1:], None      # one call, of which the side keeps the sampled row only
-        out[p.cid] = judge_point(ref, view, leaves, len(p.point.split("+")), tolerances, use_tensors, ends)
+        out[p.cid] = judge_point(ref, view, runs, len(p.point.split("+")), tolerances, use_tensors, ends, stitched)
     return out
 
 
