@@ -69,6 +69,9 @@ def test_stale_expert_on_one_rank_is_found_at_the_experts_module(tmp_path):
     assert rc["evidence"]["carried_through"]["rollout_module"] == "model.layers.1.self_attn.qkv_proj"
     errors = rc["evidence"]["output_errors"]["L0.experts_out"]
     assert errors["rollout"] > errors["train"]
+    # the reader is told the module was reached by elimination, and from where
+    assert any(n.startswith("found by elimination") and "model.layers.1.self_attn.qkv_proj" in n
+               for n in rc["confidence_notes"])
 
 
 def _with_model_outputs(tmp_path_factory):

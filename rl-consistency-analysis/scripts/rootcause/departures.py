@@ -241,6 +241,10 @@ def _finding(ev: Evidence, side: str, dep: dict, hyp: dict | None) -> dict | Non
         notes.append("the module's input was not compared with the reference: an op before it is as possible")
     if len(suspects) > 1:
         notes.append(f"the statistics leave {len(suspects)} parts of the fused output as suspects")
+    if carried_through is not None:
+        notes.append(f"found by elimination: the {side} side departs at {dep['point']} in "
+                     f"{_names(carried_through[f'{side}_modules'])}, whose weights match the checkpoint; the one "
+                     f"weight upstream its dump does not show is this module's")
     f["confidence"], f["confidence_notes"] = credence.clamp(conf), notes
     f["confidence_word"] = credence.calibrated_word(f["confidence"], f["rules_fired"])
     f["hypotheses"], f["next_checks"] = hypotheses.for_finding(f, ev.vocab)
