@@ -78,7 +78,8 @@ def judge_calls(ref: np.ndarray, view, runs: list[Leaf], expand: bool, call_ends
         lf = runs[r]
         c = offsets[r] + p
         call = with_row(lf, lf.per_call[p].tolist()) if held[r] > 1 else lf
-        out.put(c, judge_whole(ref[lo[c]:lo[c] + n_rows[c]], view, [call], n_parts, tolerances, use_tensors))
+        out.put(c, judge_whole(ref[lo[c]:lo[c] + n_rows[c]], view, [call], n_parts, tolerances, use_tensors,
+                               extremes=False))
 
     # The calls of one dtype, size and span length form a batch, as one judgement each would.
     batches: dict[tuple, list[tuple[int, np.ndarray]]] = {}
@@ -100,7 +101,7 @@ def judge_calls(ref: np.ndarray, view, runs: list[Leaf], expand: bool, call_ends
         w = to_dtype(ref[lo[idx][:, None] + np.arange(k)].reshape(len(idx), -1), dtype).astype(np.float64)
         want = Stats(w.max(axis=1), w.min(axis=1), w.mean(axis=1), np.sqrt(np.sum(w * w, axis=1)), numel, dtype)
         tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
-        out.put_batch(idx.tolist(), stat_error_calls(side, want)["scaled_error"].tolist(), tol)
+        out.put_batch(idx.tolist(), stat_error_calls(side, want, extremes=False)["scaled_error"].tolist(), tol)
     return CallJudgements(out.matches, out.errors, *out.last)
 
 

@@ -46,8 +46,9 @@ def _side_tensor(view, leaves: list[Leaf], n_parts: int) -> np.ndarray | None:
 
 
 def judge_whole(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, tolerances: dict,
-                use_tensors: bool) -> dict:
-    """One judgement over all the leaves together (every call's rows as one tensor)."""
+                use_tensors: bool, extremes: bool = True) -> dict:
+    """One judgement over all the leaves together (every call's rows as one tensor). ``extremes=False``:
+    statistics judged on Norm and Mean only, as one call of a generation is (refcalls.py)."""
     dtype = dtype_key(leaves[0].dtype)
     side = _side_tensor(view, leaves, n_parts) if use_tensors else None
     if side is not None and side.size == ref.size:
@@ -64,7 +65,7 @@ def judge_whole(ref: np.ndarray, view, leaves: list[Leaf], n_parts: int, toleran
         return {"matches_reference": "unknown", "error": None, "tolerance": None, "how": "statistics",
                 "detail": f"the side holds {stats.numel} values, the reference {ref.size} (tokens or slice differ)"}
     tol, _strict = pair_tolerances(tolerances["statistics"], dtype, dtype)
-    err = stat_errors(stats, ref_stats(ref, dtype)).get("scaled_error")
+    err = stat_errors(stats, ref_stats(ref, dtype), extremes).get("scaled_error")
     if err is None:
         return {"matches_reference": "unknown", "error": None, "tolerance": tol, "how": "statistics",
                 "detail": "no statistics to compare"}

@@ -138,8 +138,10 @@ def _ratio_or_inf(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.where(_truthy(den), np.abs(num) / np.where(_truthy(den), den, 1.0), np.where(num == 0, 0.0, np.inf))
 
 
-def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
-    """Per call: raw and scaled differences (rollout minus train); NaN where there is no value."""
+def stat_error_calls(t: Stats, r: Stats, extremes: bool = True) -> dict[str, np.ndarray]:
+    """Per call: raw and scaled differences (rollout minus train); NaN where there is no value.
+    ``extremes=False``: the scaled error of the reductions (Norm, Mean) only, as a generation's calls
+    are judged against the reference (references/reference_forward_evidence.md says why)."""
     v = _arrays(t, r)
     n = next((len(x) for x in v.values() if x is not None), 1)
     nan = np.full(n, np.nan)
@@ -154,9 +156,9 @@ def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
             d = np.where(ok, y - x, np.nan)
             rel = np.where(x != 0, np.abs(d) / np.where(x != 0, np.abs(x), 1.0), np.where(d == 0, 0.0, np.inf))
             out[_DIFF_REL[a][0]], out[_DIFF_REL[a][1]] = d, np.where(ok, rel, np.nan)
-        extremes = [np.where(np.isfinite(x), np.abs(x), np.nan)
-                    for x in (v[("t", "max")], v[("t", "min")], v[("r", "max")], v[("r", "min")]) if x is not None]
-        amax = np.fmax.reduce(extremes) if extremes else nan
+        ends = [np.where(np.isfinite(x), np.abs(x), np.nan)
+                for x in (v[("t", "max")], v[("t", "min")], v[("r", "max")], v[("r", "min")]) if x is not None]
+        amax = np.fmax.reduce(ends) if ends else nan
         scaled = []
         tn, rn = v[("t", "norm")], v[("r", "norm")]
         nd = out["norm_diff"]
@@ -171,7 +173,7 @@ def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
                 rms = np.where(np.isfinite(tn) & np.isfinite(rn), np.maximum(np.abs(tn), np.abs(rn)) / count, np.nan)
             scale = np.where(_truthy(rms), rms, amax)
             scaled.append(np.where(np.isnan(md), np.nan, _ratio_or_inf(md, scale)))
-        for a in ("max", "min"):
+        for a in ("max", "min") if extremes else ():
             dd = out[f"{a}_diff"]
             if v[("t", a)] is None or v[("r", a)] is None:
                 continue
@@ -184,11 +186,12 @@ def stat_error_calls(t: Stats, r: Stats) -> dict[str, np.ndarray]:
     return out
 
 
-def stat_errors(t: Stats, r: Stats) -> dict:
-    """Raw and scaled differences between two one-call statistics sets (None where there is none)."""
+def stat_errors(t: Stats, r: Stats, extremes: bool = True) -> dict:
+    """Raw and scaled differences between two one-call statistics sets (None where there is none);
+    ``extremes`` as stat_error_calls has it."""
     if _floats(t, r):
-        return _float_errors(t, r)
-    return {k: _scalar(v) for k, v in stat_error_calls(t, r).items()}
+        return _float_errors(t, r, extremes)
+    return {k: _scalar(v) for k, v in stat_error_calls(t, r, extremes).items()}
 
 
 _INF, _NAN = math.inf, math.nan
@@ -208,7 +211,7 @@ def _ratio_float(num: float, den: float) -> float:
     return abs(num) / den if _truthy_float(den) else (0.0 if num == 0 else _INF)
 
 
-def _float_errors(t: Stats, r: Stats) -> dict[str, float | None]:
+def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> dict[str, float | None]:
     """stat_errors for one call of floats, in float arithmetic: the same IEEE operations in the same
     order as stat_error_calls, so the same values, None where it has NaN (no value);
     tests/compare/test_stats_floats.py holds the two to each other."""
@@ -238,7 +241,7 @@ def _float_errors(t: Stats, r: Stats) -> dict[str, float | None]:
             rms = max(abs(tn), abs(rn)) / count if isfinite(tn) and isfinite(rn) else _NAN
         scale = rms if _truthy_float(rms) else amax
         scaled.append(_NAN if md != md else _ratio_float(md, scale))
-    for dd, x, y in ((out["max_diff"], t.max, r.max), (out["min_diff"], t.min, r.min)):
+    for dd, x, y in ((out["max_diff"], t.max, r.max), (out["min_diff"], t.min, r.min)) if extremes else ():
         if x is None or y is None:
             continue
         if dd is None:
