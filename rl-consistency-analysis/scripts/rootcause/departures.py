@@ -87,8 +87,14 @@ class Departure:
         return list(self.hyp.get("reproduced_by") or [])
 
 
+def _ref_judgement(ev: Evidence, cid: str | None, side: str) -> dict:
+    """The reference forward's judgement of ``side`` at comparison ``cid`` (output_3
+    ``reference_forward.points``); empty when it judged none."""
+    return (((ev.compare.get("reference_forward") or {}).get("points") or {}).get(cid) or {}).get(side) or {}
+
+
 def _point_error(ev: Evidence, cid: str | None, side: str) -> float | None:
-    rec = (((ev.compare.get("reference_forward") or {}).get("points") or {}).get(cid) or {}).get(side) or {}
+    rec = _ref_judgement(ev, cid, side)
     err = rec.get("error")
     return float(err) if isinstance(err, (int, float)) and rec.get("matches_reference") in (True, False) else None
 
@@ -177,8 +183,7 @@ def _names(paths: list[str]):
 
 def _input_judged(ev: Evidence, m: dict, side: str) -> bool | None:
     """Whether the pair's inputs, as the side holds them, match the reference (None: not judged)."""
-    points = (ev.compare.get("reference_forward") or {}).get("points") or {}
-    seen = [(points.get(p.get("cid")) or {}).get(side, {}).get("matches_reference") for p in m["points"]["in"]]
+    seen = [_ref_judgement(ev, p.get("cid"), side).get("matches_reference") for p in m["points"]["in"]]
     seen = [v for v in seen if v in (True, False)]
     return None if not seen else all(seen)
 
