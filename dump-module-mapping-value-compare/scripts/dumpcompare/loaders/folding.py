@@ -75,7 +75,10 @@ class _Group:
     remains: Any                     # call 0's entry with the statistics taken out
     rows: array                      # float64, 4 per leaf per call, NaN where absent
     orders: list[int] = field(default_factory=list)    # file positions of the run's later calls
-    first_run: Any = None            # the module's first run (this one, or an earlier _Group)
+    # A later run of its module (the calls changed structure once already). A flag, not a link to
+    # the first run: a group linking to itself is a cycle, and with the collector paused (gcpause.py)
+    # every run's decoded first call would stay in memory until the end.
+    later: bool = False
     head: str = ""                   # the module's key without its call number
     next_key: str = ""               # the key of the run's next call
     template: Any = None             # _Template once built; False when the calls' text cannot be one
@@ -233,7 +236,7 @@ class CallFolder:
             e = build_entry(key, value, order, parsed)
             if not in_order:
                 self._break()
-            elif base in self.apart or (g is not None and not g.orders and g is not g.first_run):
+            elif base in self.apart or (g is not None and not g.orders and g.later):
                 if self.groups.pop(base, None) is not None:
                     del self.by_next[g.next_key]
                 self.apart[base] = call + 1
@@ -255,7 +258,7 @@ class CallFolder:
             self._break()           # leaf names that do not lead back to their own items
             return
         g = _Group(e, paths, [v is None for v in nums], value, array("d", [_NAN if v is None else v for v in nums]))
-        g.first_run = g if before is None else before.first_run
+        g.later = before is not None
         g.head = e.key.rsplit(".", 1)[0]
         g.next_key = f"{g.head}.{g.next_call}"
         if before is not None:
