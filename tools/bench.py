@@ -48,7 +48,9 @@ Many modules (``many``): ``tools/manydump.py`` writes a pair of ``--many-calls``
 per call per side (issue 28, item 4). Interleaved with ``json.load`` of the same two files and with
 ``run_compare.py`` on a one-call, two-layer pair (the fixed cost of the interpreter and imports),
 two ratio lines: time / ``json.load`` (target 2x) and peak memory over the tiny pair's / the larger
-file (target 3x).
+file (target 3x). Two floor lines put the targets beside what no change to the pipeline's own work
+removes: ``json.dumps`` of the run's JSON outputs alone against ``json.load`` of the inputs, and
+``json.load``'s own peak above the bare interpreter (also run) against the larger file.
 
 Reference forward against transformers (``reftorch``, by name; ``make bench
 BENCH_TORCH_PY=<python with torch>``): the numpy forward of dumpcompare.refmodel on a random 1B+
@@ -1190,9 +1192,11 @@ def run_many(args, work: Path, mem_limit: int, created: list, results: dict, row
 
     specs = [("many: json.load (both files)", [py, "-c", JSON_LOAD_ALL, *m["files"].values()]),
              (f"many: compare, {m['entries']['train']} entries per side", compare("many")),
-             ("many: compare, tiny pair (fixed overhead)", compare("tiny"))]
-    base, big, tiny = run_interleaved(specs, args.repeat, timeout=args.stage_timeout or 1800.0, mem_limit=mem_limit)
-    for st, against, mem in ((base, None, larger), (big, base, larger), (tiny, None, None)):
+             ("many: compare, tiny pair (fixed overhead)", compare("tiny")),
+             ("many: the interpreter alone", [py, "-c", "pass"])]
+    base, big, tiny, bare = run_interleaved(specs, args.repeat, timeout=args.stage_timeout or 1800.0,
+                                            mem_limit=mem_limit)
+    for st, against, mem in ((base, None, larger), (big, base, larger), (tiny, None, None), (bare, None, None)):
         results["stages"][st.name] = _stage_json(st)
         rows.append(stage_row(st, against.median if against else None, mem))
     r = _ratio_parts(big, base.median, base.cpu_median)
@@ -1203,9 +1207,35 @@ def run_many(args, work: Path, mem_limit: int, created: list, results: dict, row
     ratio_lines.append(
         f"ratio many memory: (peak - tiny pair's peak) / larger file = {_fmt_ratio(_ratio(over, larger))} "
         f"(target <= 3x); peak {r['peak_mb']} MB, tiny pair {_mb(tiny.peak or 0)} MB, larger file {_mb(larger)} MB")
+    floors = _many_floors(work / "out_many", base, bare, larger)
+    ratio_lines += floors["lines"]
     results["many"] = {**m, "json_load_s": base.median, "compare_s": big.median, "peak_bytes": big.peak,
-                       "tiny_peak_bytes": tiny.peak}
+                       "tiny_peak_bytes": tiny.peak, "encode_outputs_s": floors["encode_s"],
+                       "output_json_bytes": floors["json_bytes"]}
     results["ratio_lines"] = list(ratio_lines)
+
+
+def _many_floors(out: Path, base: Stage, bare: Stage, larger: int) -> dict:
+    """What no change to the pipeline's own work can remove while the outputs and the parser stay
+    as they are: encoding the run's four JSON outputs (json.dumps in this process, median of 3),
+    and json.load's own memory above the bare interpreter, each against the targets' terms."""
+    docs = []
+    for f in sorted(out.glob("output_*.json")):
+        with open(f, "rb") as fh:
+            docs.append(json.load(fh))
+    times, size = [], 0
+    for _ in range(3):
+        t = time.perf_counter()
+        size = sum(len(json.dumps(d, separators=(",", ":"))) for d in docs)
+        times.append(time.perf_counter() - t)
+    enc = statistics.median(times) if docs else None
+    lines = [f"floor many encoding: json.dumps of the {len(docs)} JSON outputs ({_mb(size)} MB) alone takes "
+             f"{_fmt_s(enc)} s = {_fmt_ratio(_ratio(enc, base.median))} json.load of the inputs"]
+    if base.peak is not None and bare.peak is not None:
+        lines.append(f"floor many memory: json.load's own peak above the bare interpreter "
+                     f"({_mb(base.peak - bare.peak)} MB) = {_fmt_ratio(_ratio(base.peak - bare.peak, larger))} "
+                     f"the larger file")
+    return {"lines": lines, "encode_s": enc, "json_bytes": size}
 
 
 def run_wide(args, work: Path, mem_limit: int, created: list, results: dict, rows: list,
