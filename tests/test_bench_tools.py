@@ -97,7 +97,8 @@ def test_bench_quick_prints_ratios(tmp_path):
     for label in ("ratio statistics compare:", "ratio statistics root cause triage",
                   "ratio statistics end to end", "ratio tensor compare:",
                   "ratio tensor rootcause:", "ratio wide:", "ratio generation compare [small]:",
-                  "ratio generation reference [small]:", "ratio many time:", "ratio many memory:"):
+                  "ratio generation reference [small]:", "ratio many time:", "ratio many memory:",
+                  "floor many encoding:", "floor many memory:"):
         line = next((ln for ln in out.splitlines() if ln.startswith(label)), None)
         assert line is not None, (label, out)
         assert re.search(r"= >?\d+\.\d\dx", line), line
