@@ -1,13 +1,19 @@
 """report.html of a run of many compared outputs (issue 28, item 4): past chartwindow.LIMIT a chart
 draws an overview of the whole run in bars and a window of LIMIT outputs one by one around the first
 divergence, and says so; at or below the limit it draws every output as before."""
+import csv
+import json
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from dumpcompare import chartwindow, htmlreport
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 LIMIT = chartwindow.LIMIT
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(n: int, statuses: dict[int, str], first: int | None, reference: bool = False):
@@ -76,6 +82,7 @@ def test_many_outputs_draw_the_window_around_the_first_divergence_and_an_overvie
     assert bar(lone).get("class") == "bin mismatch" and bar(lone) is bar(drift)
     assert "worst mismatch, 1 diverged" in bar(lone).find("s:title", NS).text
     assert bar(nonfinite).get("class") == "bin nonfinite"
+    assert float(bar(nonfinite).get("y")) < min(float(bar(k).get("y")) for k in (lone, first))
     assert bar(0).get("class") == "bin match"
     fd = over.find(".//s:g[@class='mark first-divergence']", NS)
     x = float(fd.find("s:line", NS).get("x1"))
@@ -120,3 +127,39 @@ def test_reference_chart_of_many_outputs_draws_the_same_window():
     # the rollout's departure from the reference shows in the bars from the divergence on
     split = chartwindow.bin_of(first, n)
     assert min(ys[:split]) > max(ys[split:])
+
+
+def test_a_compared_pair_of_many_calls_is_drawn_around_its_first_divergence(tmp_path):
+    """run_compare.py on tools/manydump.py's pair (3 unfoldable calls of 20 layers, layer 10's gate
+    weight corrupted on the rollout side): more distinct outputs than the limit."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import manydump
+    pair = manydump.write_pair(tmp_path / "pair", calls=3, layers=20, faults=["corrupt:rollout:gate:10"])
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "dump-module-mapping-value-compare" / "scripts" / "run_compare.py"),
+                    "--train", pair["train"], "--rollout", pair["rollout"], "--out-dir", str(out), "--quiet"],
+                   check=True, timeout=300)
+    doc3, doc4 = (json.loads((out / n).read_text()) for n in ("output_3_value_compare.json",
+                                                              "output_4_module_analysis.json"))
+    compared = {r["cid"] for r in doc3["results"]}
+    points = list(dict.fromkeys(p["point"] for m in doc4["modules"] for p in m["points"]["out"] if p["cid"] in compared))
+    assert len(points) > LIMIT
+    fd = doc4["first_divergence"]
+    fd_point = next(p["point"] for m in doc4["modules"] if m["pid"] == fd["pair"] for p in m["points"]["out"]
+                    if p["cid"] in compared)
+    k = points.index(fd_point)
+    page = (out / "report.html").read_text(encoding="utf-8")
+    start = k - chartwindow.BEFORE
+    assert (f"<b>{LIMIT} of {len(points)} compared outputs drawn</b> one by one (outputs {start + 1}-"
+            f"{start + LIMIT} in execution order) around the first divergence") in page
+    with open(out / "output_3_value_compare.csv", newline="", encoding="utf-8") as fh:
+        assert set(points) <= {row["point"] for row in csv.DictReader(fh)}
+    detail = _chart(page, "execution")
+    drawn = _points(detail)
+    assert len(drawn) == LIMIT
+    at = next(p for p in drawn if p.find("s:title", NS).text.startswith(f"{fd_point}: "))
+    mark = detail.find(".//s:g[@class='mark first-divergence']", NS)
+    assert float(mark.find("s:circle", NS).get("cx")) == float(at.get("cx")) and "mismatch" in at.get("class")
+    over = _chart(page, "execution-overview")
+    fd_bar = [b for b in over.iter() if (b.get("class") or "").startswith("bin ")][chartwindow.bin_of(k, len(points))]
+    assert fd_bar.get("class") == "bin mismatch"

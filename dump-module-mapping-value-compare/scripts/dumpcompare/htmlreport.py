@@ -462,7 +462,8 @@ def _overview(items: list[_Item], marks: list[tuple[int, str, str, str]], win: r
             body.append(f'<rect class="{cls}" x="{x0(b):.1f}" y="{top + h - 6}" width="{max(1.0, bw - 1):.1f}" '
                         f'height="6" fill="{colour}">{tip}</rect>')
         else:
-            y = ax.y(bn.ratio)
+            # Axis draws an infinite error at 1e3; a non-finite output is the worst of the run.
+            y = top if math.isinf(bn.ratio) else ax.y(bn.ratio)
             body.append(f'<rect class="{cls}" x="{x0(b):.1f}" y="{y}" width="{max(1.0, bw - 1):.1f}" '
                         f'height="{max(1.0, top + h - y):.1f}" fill="{colour}">{tip}</rect>')
     for n, (k, label, cls, colour) in enumerate(marks):
