@@ -16,7 +16,7 @@ LIMIT = chartwindow.LIMIT
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(n: int, statuses: dict[int, str], first: int | None, reference: bool = False):
+def _run(n: int, statuses: dict[int, str], first: int | None, reference: bool = False, root: dict | None = None):
     """output_3/output_4-like dicts of ``n`` one-output modules, all matching (error 1e-6 against a
     tolerance of 1e-4) but ``statuses``; the first divergence at module ``first``."""
     results, modules = [], []
@@ -36,7 +36,7 @@ def _run(n: int, statuses: dict[int, str], first: int | None, reference: bool = 
             for k in range(n)}, "verdict": {"side": "rollout", "reason": "r"}}
     analysis = {"modules": modules, "first_divergence": {"pair": f"P{first}"} if first is not None else None,
                 "vocabulary": {"statuses": {"clean": ["match", "drift"], "diverged": ["mismatch", "nonfinite"]}}}
-    return "".join(htmlreport.pieces(compare, analysis, {}))
+    return "".join(htmlreport.pieces(compare, analysis, {}, root))
 
 
 def _chart(page: str, cls: str):
@@ -163,3 +163,37 @@ def test_a_compared_pair_of_many_calls_is_drawn_around_its_first_divergence(tmp_
     over = _chart(page, "execution-overview")
     fd_bar = [b for b in over.iter() if (b.get("class") or "").startswith("bin ")][chartwindow.bin_of(k, len(points))]
     assert fd_bar.get("class") == "bin mismatch"
+
+
+def _root(n_causes: int, pid: str, suppressed: int) -> dict:
+    """output_5-like: ``n_causes`` root causes at one module (one per call of a run of many calls)
+    and ``suppressed`` structural pairs whose values agree."""
+    return {"verdict": "root cause found", "root_causes": [
+        {"rank": r, "category": "parameter_or_checkpoint_issue", "evidence": {"pair": pid}, "numbers": {}}
+        for r in range(1, n_causes + 1)],
+        "suppressed": {"structural_clean": [{"train_module": f"model.m{k}", "rollout_module": f"model.m{k}",
+                                             "reason": "fused"} for k in range(suppressed)]}}
+
+
+def test_root_causes_at_one_output_of_many_are_one_mark():
+    page = _run(2 * LIMIT, {k: "mismatch" for k in range(700, 2 * LIMIT)}, 700, root=_root(10, "P700", 0))
+    for cls in ("execution", "execution-overview"):
+        marks = _chart(page, cls).findall(".//s:g[@class='mark root-cause']", NS)
+        assert [m.find("s:text", NS).text.split(":")[0] for m in marks] == ["root causes 1, 2, 3, 4, 5, 6, 7, 8, 9, 10"]
+    # a small run keeps a mark per root cause, as before
+    page = _run(LIMIT, {LIMIT - 1: "mismatch"}, LIMIT - 1, root=_root(2, f"P{LIMIT - 1}", 0))
+    marks = _chart(page, "execution").findall(".//s:g[@class='mark root-cause']", NS)
+    assert [m.find("s:text", NS).text.split(":")[0] for m in marks] == ["root cause 1", "root cause 2"]
+
+
+def test_tables_of_structural_pairs_list_the_first_rows_and_say_where_the_rest_are():
+    rows = htmlreport.SUPPRESSED_ROWS
+    page = _run(10, {}, None, root=_root(1, "P0", rows + 50))
+    table = re.search(r"<summary>Structural pairs whose values agree: (\d+)</summary>(.*?)</details>", page, flags=re.S)
+    assert int(table.group(1)) == rows + 50
+    assert table.group(2).count("<tr>") == rows + 1
+    assert (f"The first {rows} of {rows + 50}; output_5_root_cause_report.json <code>suppressed.structural_clean"
+            "</code> holds them all.") in table.group(2)
+    small = re.search(r"<summary>Structural pairs whose values agree: \d+</summary>(.*?)</details>",
+                      _run(10, {}, None, root=_root(1, "P0", rows)), flags=re.S).group(1)
+    assert small.count("<tr>") == rows + 1 and "holds them all" not in small

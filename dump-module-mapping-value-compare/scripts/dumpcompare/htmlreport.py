@@ -295,19 +295,28 @@ def _short(name: str, limit: int = 38) -> str:
     return name if len(name) <= limit else "…" + name[-(limit - 1):]
 
 
-def _marks(analysis: dict, root: dict | None, where: dict) -> list[tuple[int, str, str, str]]:
+def _marks(analysis: dict, root: dict | None, where: dict, merge: bool = False) -> list[tuple[int, str, str, str]]:
     """(item index, label, class, colour) of the first divergence and of each root cause whose
-    module has a compared output."""
+    module has a compared output. With ``merge``, the root causes at one output are one mark: a
+    run of many calls has a root cause per call at the same point, and ten labels on one line
+    cannot be read."""
     fd = analysis.get("first_divergence") or {}
     marks = []
     if fd.get("pair") in where:
         marks.append((where[fd["pair"]], "first divergence", "first-divergence", "#6a1b9a"))
+    causes: list[tuple[int, list]] = []
     for c in (root or {}).get("root_causes", []):
         ev = c.get("evidence") or {}
         pid = ev.get("finding_pair") or (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
         if pid in where:
-            marks.append((where[pid], f"root cause {c.get('rank')}", "root-cause", "#c62828"))
-    return marks
+            causes.append((where[pid], [c.get("rank")]))
+    if merge:
+        at: dict[int, list] = {}
+        for k, ranks in causes:
+            at.setdefault(k, []).extend(ranks)
+        causes = list(at.items())
+    return marks + [(k, f"root cause {ranks[0]}" if len(ranks) == 1 else
+                     f"root causes {', '.join(str(r) for r in ranks)}", "root-cause", "#c62828") for k, ranks in causes]
 
 
 def _window(count: int, marks: list[tuple[int, str, str, str]]) -> tuple[range, str]:
@@ -336,7 +345,7 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> Itera
     if not items:
         yield head + "<p>No module output was compared.</p>"
         return
-    marks = _marks(analysis, root, where)
+    marks = _marks(analysis, root, where, merge=len(items) > _WIN.LIMIT)
     how = ("in execution order (train side names; hover a point for both sides). Errors above the dashed "
            "line are beyond tolerance.</p>")
     win, around = _window(len(items), marks)
@@ -778,6 +787,11 @@ def _names(x) -> str:
     return ", ".join(x) if isinstance(x, list) else str(x)
 
 
+# Rows of each table of structural pairs: a run of many calls holds thousands (the many-module
+# bench pair, 5,591 rows, 1.3 MB of page); the committed pairs hold at most 23.
+SUPPRESSED_ROWS = 200
+
+
 def verdict_section(analysis: dict, root: dict | None) -> str:
     """The root-cause verdict with its evidence (root-cause skill), or the ranked modules (compare skill)."""
     head = "<h2>4. Verdict</h2>"
@@ -811,10 +825,12 @@ def verdict_section(analysis: dict, root: dict | None) -> str:
                        ("structural_not_compared", "Structural pairs not comparable as stored"),
                        ("structural_clean", "Structural pairs whose values agree")):
         recs = sup.get(key) or []
+        more = (f"<p>The first {SUPPRESSED_ROWS} of {len(recs)}; output_5_root_cause_report.json "
+                f"<code>suppressed.{key}</code> holds them all.</p>" if len(recs) > SUPPRESSED_ROWS else "")
         out.append(f"<details><summary>{text(title)}: {len(recs)}</summary>" + _table(
             ("train", "rollout", "reason"),
-            [(_names(s.get("train_module")), _names(s.get("rollout_module")), s.get("reason")) for s in recs])
-            + "</details>")
+            [(_names(s.get("train_module")), _names(s.get("rollout_module")), s.get("reason"))
+             for s in recs[:SUPPRESSED_ROWS]]) + more + "</details>")
     return "".join(out)
 
 
