@@ -97,6 +97,11 @@ def test_many_outputs_without_a_divergence_are_drawn_from_the_start():
             "order) from the start (nothing diverged)") in page
 
 
+def test_a_first_divergence_without_a_compared_output_is_not_called_nothing():
+    page = _run(LIMIT + 1, {}, LIMIT + 5)
+    assert f"(outputs 1-{LIMIT} in execution order) from the start (the first divergence has no compared output)" in page
+
+
 def test_window_stays_inside_the_run_near_its_end():
     n = LIMIT + 100
     page = _run(n, {n - 3: "mismatch"}, n - 3)

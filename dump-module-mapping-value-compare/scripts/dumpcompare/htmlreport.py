@@ -319,13 +319,14 @@ def _marks(analysis: dict, root: dict | None, where: dict, merge: bool = False) 
                      f"root causes {', '.join(str(r) for r in ranks)}", "root-cause", "#c62828") for k, ranks in causes]
 
 
-def _window(count: int, marks: list[tuple[int, str, str, str]]) -> tuple[range, str]:
+def _window(count: int, marks: list[tuple[int, str, str, str]], analysis: dict) -> tuple[range, str]:
     """The items drawn one by one and what they are drawn around: the first mark (the first
     divergence, else the first root cause), else the start of the run."""
     if not marks:
-        return _WIN.window(count, None), "from the start (nothing diverged)"
-    k, label = marks[0][:2]
-    return _WIN.window(count, k), f"around the {label}" if label == "first divergence" else f"around {label}"
+        why = "the first divergence has no compared output" if analysis.get("first_divergence") else "nothing diverged"
+        return _WIN.window(count, None), f"from the start ({why})"
+    k, label, cls, _colour = marks[0]
+    return _WIN.window(count, k), f"around the {label}" if cls == "first-divergence" else f"around {label}"
 
 
 def _drawn_sentence(win: range, count: int, around: str) -> str:
@@ -348,7 +349,7 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> Itera
     marks = _marks(analysis, root, where, merge=len(items) > _WIN.LIMIT)
     how = ("in execution order (train side names; hover a point for both sides). Errors above the dashed "
            "line are beyond tolerance.</p>")
-    win, around = _window(len(items), marks)
+    win, around = _window(len(items), marks, analysis)
     if len(win) < len(items):
         diverged = ((analysis.get("vocabulary") or {}).get("statuses") or {}).get("diverged") or ()
         yield (head + _drawn_sentence(win, len(items), around) + _overview(items, marks, win, diverged)
@@ -534,7 +535,7 @@ def reference_section(compare: dict, analysis: dict, root: dict | None = None) -
     pts = rf.get("points") or {}
     lines = [[it.error if side is None else num((pts.get(it.cid, {}).get(side) or {}).get("error"))
               for it in items] for _label, side, _c, _d in REF_LINES]
-    win, around = _window(len(items), _marks(analysis, root, where))
+    win, around = _window(len(items), _marks(analysis, root, where), analysis)
     drawn = ""
     if len(win) < len(items):
         drawn = _drawn_sentence(win, len(items), around) + _ref_overview(lines, win)
