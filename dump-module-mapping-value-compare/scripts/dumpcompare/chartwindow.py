@@ -8,9 +8,9 @@ references/output_schemas.md ("report.html").
 from __future__ import annotations
 
 # A chart draws its items one by one up to LIMIT. At 16 px an item, 600 are 9,600 px: about seven
-# screens to scroll and about 300 kB of page (a point, its tooltip and its rotated label take about
-# 500 bytes), past which a person no longer reads point by point and a browser slows; about 50
-# decoder layers of one forward at the bench's 12 outputs a layer. Every committed pair is under it.
+# screens to scroll, as much as a person reads point by point, and about 300 kB of page (a point,
+# its tooltip and its rotated label take about 500 bytes); about 50 decoder layers of one forward
+# at the many-module bench pair's 12 outputs a layer. Every committed pair (at most 51) is under it.
 LIMIT = 600
 # The window opens this many items before its anchor: enough of the outputs leading to a
 # divergence to see it start, few enough (800 px) that its mark is on the first screen of the
