@@ -2,7 +2,8 @@
 
 Standard library only and no package imports: the root-cause skill loads this file by path
 from its sibling folder (rootcause/sibling.py) and adds its verdict, so both skills draw the
-same charts from one copy of the code. Input is the JSON form of the outputs (non-finite numbers
+same charts from one copy of the code (chartwindow.py, beside it, says which outputs a chart of
+many draws one by one). Input is the JSON form of the outputs (non-finite numbers
 may be the strings "NaN"/"Infinity"). Every string read from a dump goes through :func:`text`
 (safetext.html, the one escaping of every view, loaded from the file beside this one) and only
 into element content, never into an attribute.
@@ -17,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def _load_safetext():
-    path = Path(__file__).with_name("safetext.py")
-    spec = importlib.util.spec_from_file_location("htmlreport_safetext", path)
+def _load_beside(name: str):
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"htmlreport_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_SAFE = _load_safetext()
+_SAFE = _load_beside("safetext")
+_WIN = _load_beside("chartwindow")
 
 REPORT = "report.html"
 STATUS_CLASS = {"match": "match", "drift": "drift", "mismatch": "mismatch", "nonfinite": "nonfinite",
@@ -293,15 +295,76 @@ def _short(name: str, limit: int = 38) -> str:
     return name if len(name) <= limit else "…" + name[-(limit - 1):]
 
 
+def _marks(analysis: dict, root: dict | None, where: dict, merge: bool = False) -> list[tuple[int, str, str, str]]:
+    """(item index, label, class, colour) of the first divergence and of each root cause whose
+    module has a compared output. With ``merge``, the root causes at one output are one mark: a
+    run of many calls has a root cause per call at the same point, and ten labels on one line
+    cannot be read."""
+    fd = analysis.get("first_divergence") or {}
+    marks = []
+    if fd.get("pair") in where:
+        marks.append((where[fd["pair"]], "first divergence", "first-divergence", "#6a1b9a"))
+    causes: list[tuple[int, list]] = []
+    for c in (root or {}).get("root_causes", []):
+        ev = c.get("evidence") or {}
+        pid = ev.get("finding_pair") or (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
+        if pid in where:
+            causes.append((where[pid], [c.get("rank")]))
+    if merge:
+        at: dict[int, list] = {}
+        for k, ranks in causes:
+            at.setdefault(k, []).extend(ranks)
+        causes = list(at.items())
+    return marks + [(k, f"root cause {ranks[0]}" if len(ranks) == 1 else
+                     f"root causes {', '.join(str(r) for r in ranks)}", "root-cause", "#c62828") for k, ranks in causes]
+
+
+def _window(count: int, marks: list[tuple[int, str, str, str]], analysis: dict) -> tuple[range, str]:
+    """The items drawn one by one and what they are drawn around: the first mark (the first
+    divergence, else the first root cause), else the start of the run."""
+    if not marks:
+        why = "the first divergence has no compared output" if analysis.get("first_divergence") else "nothing diverged"
+        return _WIN.window(count, None), f"from the start ({why})"
+    k, label, cls, _colour = marks[0]
+    return _WIN.window(count, k), f"around the {label}" if cls == "first-divergence" else f"around {label}"
+
+
+def _drawn_sentence(win: range, count: int, around: str) -> str:
+    """What a chart of many outputs draws, so that nothing reads as silently dropped."""
+    return (f"<p class=\"drawn\"><b>{len(win)} of {count} compared outputs drawn</b> one by one "
+            f"(outputs {win.start + 1}-{win.stop} in execution order) {around}; all of them are in "
+            "output_3_value_compare.csv.</p>")
+
+
 def execution_section(compare: dict, analysis: dict, root: dict | None) -> Iterator[str]:
     """Error of every compared output against its tolerance, in execution order, with the marks:
     the section's HTML in pieces (a point and its label each), so that a chart of many modules is
-    written as it is drawn and never held whole."""
+    written as it is drawn and never held whole. Past chartwindow.LIMIT outputs, an overview of the
+    whole run in bins, then the window around the first divergence drawn one by one."""
     items, where = _items(compare, analysis)
     head = "<h2>2. Divergence along execution order</h2>"
     if not items:
         yield head + "<p>No module output was compared.</p>"
         return
+    marks = _marks(analysis, root, where, merge=len(items) > _WIN.LIMIT)
+    how = ("in execution order (train side names; hover a point for both sides). Errors above the dashed "
+           "line are beyond tolerance.</p>")
+    win, around = _window(len(items), marks, analysis)
+    if len(win) < len(items):
+        diverged = ((analysis.get("vocabulary") or {}).get("statuses") or {}).get("diverged") or ()
+        yield (head + _drawn_sentence(win, len(items), around) + _overview(items, marks, win, diverged)
+               + f"<h3>Outputs {win.start + 1}-{win.stop}, one by one</h3><p>Each compared module output " + how)
+        items = items[win.start:win.stop]
+        marks = [(k - win.start, *rest) for k, *rest in marks if k in win]
+    else:
+        yield head + "<p>Every compared module output " + how
+    yield from _execution_chart(items, marks)
+    yield "</svg></div>" + layer_section(compare, point_forms(analysis))
+
+
+def _execution_chart(items: list[_Item], marks: list[tuple[int, str, str, str]]) -> Iterator[str]:
+    """The legend and the chart of ``items`` one by one, up to its last element (the caller closes
+    the svg and its figure)."""
     longest = max(len(_short(i.module)) + len(i.point) + 3 for i in items)
     # The labels are rotated 60 degrees and end at their point: the first ones reach left of the
     # plot by about half their length, so the margin grows with the longest label.
@@ -310,8 +373,7 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> Itera
     ax = Axis(*_span([i.error for i in items], [i.tol for i in items]), top, top + h)
     x = [left + (k + 0.5) * step for k in range(len(items))]
     label_room = 16 + LABEL_CHAR * 0.9 * longest
-    yield (head + "<p>Every compared module output in execution order (train side names; hover a point for "
-           "both sides). Errors above the dashed line are beyond tolerance.</p>" + _execution_legend(items, ax)
+    yield (_execution_legend(items, ax)
            + '<div class="figure">' + _svg_open(left + w + 160, top + h + label_room, "chart execution"))
     yield from ax.draw(left, left + w, "error (log scale)")
     # Tolerance band: strict..pair tolerance is the drift zone, above the pair tolerance is beyond.
@@ -341,22 +403,98 @@ def execution_section(compare: dict, analysis: dict, root: dict | None) -> Itera
         yield (dot + f'<text class="module-label" font-size="9" text-anchor="end" '
                f'transform="translate({x[k] + 3:.1f},{top + h + 8}) rotate(-60)">{text(_short(it.module))}'
                f' · {text(it.point)}</text>')
-    fd = analysis.get("first_divergence") or {}
-    marks = []
-    if fd.get("pair") in where:
-        marks.append((where[fd["pair"]], "first divergence", "first-divergence", "#6a1b9a"))
-    for c in (root or {}).get("root_causes", []):
-        ev = c.get("evidence") or {}
-        pid = ev.get("finding_pair") or (ev.get("suspect_pair") or {}).get("pair") or ev.get("pair")
-        if pid in where:
-            marks.append((where[pid], f"root cause {c.get('rank')}", "root-cause", "#c62828"))
     for n, (k, label, cls, colour) in enumerate(marks):
         y = top - 8 - 14 * (n % 3)
         yield (f'<g class="mark {cls}"><line x1="{x[k]:.1f}" x2="{x[k]:.1f}" y1="{y + 2}" y2="{top + h}" '
                f'stroke="{colour}" stroke-dasharray="3,2"/><circle cx="{x[k]:.1f}" cy="{ax.y(items[k].error)}"'
                f' r="8" fill="none" stroke="{colour}" stroke-width="2"/><text x="{x[k] + 4:.1f}" y="{y}" '
                f'font-size="11" fill="{colour}">{text(label)}: {text(items[k].point)}</text></g>')
-    yield "</svg></div>" + layer_section(compare, point_forms(analysis))
+
+
+def _ratio(it: _Item) -> float | None:
+    """Error over tolerance; a non-finite error or one over a zero tolerance is infinitely far."""
+    if it.error is None or it.tol is None:
+        return None
+    if math.isnan(it.error) or it.tol <= 0:
+        return math.inf if it.error != 0 else 0.0
+    return it.error / it.tol
+
+
+@dataclass(slots=True)
+class _Bin:
+    """One bar of the overview: consecutive items, their worst status and worst error ratio."""
+    first: int
+    last: int
+    status: str | None = None
+    ratio: float | None = None
+    at: str = ""
+    diverged: int = 0
+
+
+def _bins(items: list[_Item], diverged: tuple | list) -> list[_Bin]:
+    """The overview's bars (chartwindow.bin_of) with what each shows; ``diverged``: output_4
+    ``vocabulary.statuses.diverged``, the statuses counted in a bar's tooltip."""
+    out: list[_Bin] = []
+    for k, it in enumerate(items):
+        b = _WIN.bin_of(k, len(items))
+        if b == len(out):
+            out.append(_Bin(k, k))
+        cur = out[b]
+        cur.last = k
+        cur.status = _WIN.worse(cur.status, it.status)
+        cur.diverged += it.status in diverged
+        r = _ratio(it)
+        if r is not None and (cur.ratio is None or r > cur.ratio):
+            cur.ratio, cur.at = r, it.point
+    return out
+
+
+def _overview(items: list[_Item], marks: list[tuple[int, str, str, str]], win: range, diverged) -> str:
+    """The whole run in bars of consecutive outputs, each its worst status and its worst error over
+    tolerance, with the marks in their bars and the window drawn one by one shaded."""
+    bins = _bins(items, diverged)
+    left, top, h, width = 70, 74, 160, _WIN.WIDTH
+    bw = width / len(bins)
+    ax = Axis(*_span([b.ratio for b in bins], [1.0]), top, top + h)
+    x0 = lambda b: left + b * bw      # noqa: E731
+    body = [_window_band(win, len(items), x0, top, h), *ax.draw(left, left + width, "worst error / tolerance")]
+    yt = ax.y(1.0)
+    body.append(f'<line class="tolerance" x1="{left}" x2="{left + width}" y1="{yt}" y2="{yt}" stroke="#2e7d32" '
+                f'stroke-dasharray="5,3"/>')
+    for b, bn in enumerate(bins):
+        colour = COLOURS[STATUS_CLASS.get(bn.status, "other")]
+        tip = (f"<title>outputs {bn.first + 1}-{bn.last + 1} ({text(items[bn.first].point)} to "
+               f"{text(items[bn.last].point)}): worst {text(bn.status)}, {bn.diverged} diverged"
+               + (f"; worst error / tolerance {fmt(bn.ratio)} at {text(bn.at)}" if bn.ratio is not None else "")
+               + "</title>")
+        cls = f"bin {STATUS_CLASS.get(bn.status, 'other')}"
+        if bn.ratio is None:
+            body.append(f'<rect class="{cls}" x="{x0(b):.1f}" y="{top + h - 6}" width="{max(1.0, bw - 1):.1f}" '
+                        f'height="6" fill="{colour}">{tip}</rect>')
+        else:
+            # Axis draws an infinite error at 1e3; a non-finite output is the worst of the run.
+            y = top if math.isinf(bn.ratio) else ax.y(bn.ratio)
+            body.append(f'<rect class="{cls}" x="{x0(b):.1f}" y="{y}" width="{max(1.0, bw - 1):.1f}" '
+                        f'height="{max(1.0, top + h - y):.1f}" fill="{colour}">{tip}</rect>')
+    for n, (k, label, cls, colour) in enumerate(marks):
+        # Above the axis title; a mark in the right half is labelled to its left, inside the chart.
+        xm, y = x0(_WIN.bin_of(k, len(items))) + bw / 2, top - 22 - 14 * (n % 3)
+        tx, anchor = (xm - 4, "end") if xm > left + width / 2 else (xm + 4, "start")
+        body.append(f'<g class="mark {cls}"><line x1="{xm:.1f}" x2="{xm:.1f}" y1="{y + 2}" y2="{top + h}" '
+                    f'stroke="{colour}" stroke-dasharray="3,2"/><text x="{tx:.1f}" y="{y}" font-size="11" '
+                    f'fill="{colour}" text-anchor="{anchor}">{text(label)}: {text(items[k].point)} '
+                    f'(output {k + 1})</text></g>')
+    for b in range(0, len(bins), max(1, len(bins) // 10)):
+        body.append(f'<text x="{x0(b):.1f}" y="{top + h + 14}" font-size="10">{bins[b].first + 1}</text>')
+    per = len(items) / len(bins)
+    body.append(f'<text x="{left + width / 2}" y="{top + h + 32}" font-size="11" text-anchor="middle">compared outputs '
+                f'in execution order, {per:.3g} per bar on average (each bar the worst of its outputs)</text>')
+    statuses = [s for s in _WIN.SHOWN_FIRST if any(bn.status == s for bn in bins)]
+    legend = ('<p class="legend">Overview of the whole run: ' + " ".join(
+        f'<span style="color:{COLOURS[STATUS_CLASS.get(s, "other")]}">&#9646; {s}</span>' for s in statuses)
+        + ' <span style="background:#e3f2fd">drawn one by one below</span>'
+        ' <span style="color:#2e7d32">- - tolerance</span></p>')
+    return legend + _figure(_svg(left + width + 20, top + h + 44, "chart execution-overview", body))
 
 
 def _execution_legend(items: list[_Item], ax: Axis) -> str:
@@ -383,19 +521,25 @@ REF_LINES = (("train vs rollout", None, "#455a64", ""), ("train vs reference", "
              ("rollout vs reference", "rollout", "#ef6c00", "2,2"))
 
 
-def reference_section(compare: dict, analysis: dict) -> str:
+def reference_section(compare: dict, analysis: dict, root: dict | None = None) -> str:
     """Three error lines along execution order: train vs reference, rollout vs reference, train vs
-    rollout; then the tokens the reference ran, each side's departure and the simulated faults."""
+    rollout; then the tokens the reference ran, each side's departure and the simulated faults.
+    Past chartwindow.LIMIT outputs, the three lines in bins, then the window of section 2."""
     rf = compare.get("reference_forward")
     head = "<h2>Reference forward: each side against the checkpoint</h2>"
     if not rf:
         return ""
     if not rf.get("ran"):
         return head + f"<p>The reference forward did not run: {text(rf.get('reason'))}</p>"
-    items, _where = _items(compare, analysis)
+    items, where = _items(compare, analysis)
     pts = rf.get("points") or {}
     lines = [[it.error if side is None else num((pts.get(it.cid, {}).get(side) or {}).get("error"))
               for it in items] for _label, side, _c, _d in REF_LINES]
+    win, around = _window(len(items), _marks(analysis, root, where), analysis)
+    drawn = ""
+    if len(win) < len(items):
+        drawn = _drawn_sentence(win, len(items), around) + _ref_overview(lines, win)
+        items, lines = items[win.start:win.stop], [ln[win.start:win.stop] for ln in lines]
     left, top, h, step = 70, 30, 240, 16
     w = step * max(1, len(items))
     ax = Axis(*_span([v for ln in lines for v in ln], [it.tol for it in items]), top, top + h)
@@ -431,9 +575,41 @@ def reference_section(compare: dict, analysis: dict) -> str:
                      f"{text(hy['candidates'][0]['candidate'])}, residual {fmt(hy['candidates'][0]['residual'])})"
                      if hy["candidates"] else "no candidate tried") + "</li>"
                   for hy in rf.get("hypotheses") or [])
-    return (head + f"<p>Verdict: <b>{text(verdict.get('side'))}</b>: {text(verdict.get('reason'))}</p>" + legend
-            + _figure(svg) + _table(("side", "tokens", "points matching", "first departure"), rows)
+    return (head + f"<p>Verdict: <b>{text(verdict.get('side'))}</b>: {text(verdict.get('reason'))}</p>" + drawn
+            + legend + _figure(svg) + _table(("side", "tokens", "points matching", "first departure"), rows)
             + (f"<p>Faults simulated in the reference:</p><ul>{hyp}</ul>" if hyp else ""))
+
+
+def _window_band(win: range, count: int, x0, top: float, h: float) -> str:
+    """The shaded bars of an overview (``x0``: a bar's left edge) that the window draws one by one."""
+    a, b = x0(_WIN.bin_of(win.start, count)), x0(_WIN.bin_of(win.stop - 1, count) + 1)
+    return (f'<rect class="window" x="{a:.1f}" y="{top}" width="{b - a:.1f}" height="{h}" fill="#e3f2fd">'
+            f'<title>outputs {win.start + 1}-{win.stop}: drawn one by one below</title></rect>')
+
+
+def _ref_overview(lines: list[list[float | None]], win: range) -> str:
+    """The reference chart's three lines over the whole run, each bar of consecutive outputs drawn
+    at its largest error (chartwindow's bars), with the window drawn one by one shaded."""
+    count = len(lines[0])
+    worst: list[list[float | None]] = [[None] * _WIN.bin_count(count) for _ in lines]
+    for ln, out in zip(lines, worst):
+        for k, v in enumerate(ln):
+            b = _WIN.bin_of(k, count)
+            if v is not None and (out[b] is None or _log(v) > _log(out[b])):
+                out[b] = v
+    left, top, h, width = 70, 30, 160, _WIN.WIDTH
+    bw = width / len(worst[0])
+    ax = Axis(*_span([v for ln in worst for v in ln]), top, top + h)
+    body = [_window_band(win, count, lambda b: left + b * bw, top, h),
+            *ax.draw(left, left + width, "largest error (log scale)")]
+    for (label, side, colour, dash), ln in zip(REF_LINES, worst):
+        coords = " ".join(f"{left + (b + 0.5) * bw:.1f},{ax.y(v)}" for b, v in enumerate(ln) if v is not None)
+        body.append(f'<polyline class="ref-line {text(side or "pair")}" fill="none" stroke="{colour}" '
+                    f'stroke-width="2" stroke-dasharray="{dash}" points="{coords}"><title>{text(label)}</title></polyline>')
+    body.append(f'<text x="{left + width / 2}" y="{top + h + 20}" font-size="11" text-anchor="middle">compared '
+                f'outputs 1-{count} in execution order, {count / len(worst[0]):.3g} per point on average (the '
+                f'largest error of each)</text>')
+    return _figure(_svg(left + width + 20, top + h + 32, "chart reference-overview", body))
 
 
 def point_forms(analysis: dict) -> dict:
@@ -612,6 +788,11 @@ def _names(x) -> str:
     return ", ".join(x) if isinstance(x, list) else str(x)
 
 
+# Rows of each table of structural pairs: a run of many calls holds thousands (the many-module
+# bench pair, 5,591 rows, 1.3 MB of page); the committed pairs hold at most 23.
+SUPPRESSED_ROWS = 200
+
+
 def verdict_section(analysis: dict, root: dict | None) -> str:
     """The root-cause verdict with its evidence (root-cause skill), or the ranked modules (compare skill)."""
     head = "<h2>4. Verdict</h2>"
@@ -645,10 +826,12 @@ def verdict_section(analysis: dict, root: dict | None) -> str:
                        ("structural_not_compared", "Structural pairs not comparable as stored"),
                        ("structural_clean", "Structural pairs whose values agree")):
         recs = sup.get(key) or []
+        more = (f"<p>The first {SUPPRESSED_ROWS} of {len(recs)}; output_5_root_cause_report.json "
+                f"<code>suppressed.{key}</code> holds them all.</p>" if len(recs) > SUPPRESSED_ROWS else "")
         out.append(f"<details><summary>{text(title)}: {len(recs)}</summary>" + _table(
             ("train", "rollout", "reason"),
-            [(_names(s.get("train_module")), _names(s.get("rollout_module")), s.get("reason")) for s in recs])
-            + "</details>")
+            [(_names(s.get("train_module")), _names(s.get("rollout_module")), s.get("reason"))
+             for s in recs[:SUPPRESSED_ROWS]]) + more + "</details>")
     return "".join(out)
 
 
@@ -695,5 +878,5 @@ def pieces(compare: dict, analysis: dict, sources: dict, root: dict | None = Non
            f"{sides}</table><p>mode: {text(compare.get('mode'))}</p>"
            + logprob_section(lp, logits) + extra)
     yield from execution_section(compare, analysis, root)
-    yield (reference_section(compare, analysis) + heatmap_section(compare) + verdict_section(analysis, root)
+    yield (reference_section(compare, analysis, root) + heatmap_section(compare) + verdict_section(analysis, root)
            + "</body></html>\n")
