@@ -28,7 +28,7 @@ FIELD_NAMES = (
     "side_reason", "side_evidence", "missing_on", "op_module", "train_module", "rollout_module", "confidence_word",
     "confidence_notes", "confidence_text", "category_text", "next_checks", "config_keys", "rules_fired", "suspect_pair",
     "finding_pair", "previous_aligned", "differing_points", "differing_parameters", "output_error_margin",
-    "diverged_calls", "aligned_by", "rank_reason", "module_priority_rank", "input_status", "input_status_source",
+    "diverged_calls", "other_calls", "pairs_of_these_modules", "aligned_by", "rank_reason", "module_priority_rank", "input_status", "input_status_source",
     "parameter_status", "output_status", "structural_clean", "structural_different", "structural_not_compared",
     "suppressed", "max_rel", "min_rel", "mean_rel", "norm_rel", "stat_errors", "mean_abs_diff", "max_abs_diff",
     "clean_level", "per_token_logprob", "logits_statistics", "root_cause_found", "precision_only",
@@ -75,8 +75,13 @@ def _decide_side(top: dict, argv: list[str]) -> dict | None:
 
 
 def _when(top: dict) -> str | None:
-    """From which forward call of a generation the finding's side departs (None for one call)."""
+    """From which forward call of a generation the finding's side departs, or at how many of the
+    calls the dumps hold apart it was found (None for one call)."""
     ev = top.get("evidence") or {}
+    again = ev.get("other_calls")
+    if again:
+        return (f"found at {len(again['pairs']) + 1} of the {again['pairs_of_these_modules']} calls of these "
+                f"modules (each call its own entry in the dumps)")
     call, calls = ev.get("first_call"), ev.get("calls")
     if call is None or not calls or calls < 2:
         return None

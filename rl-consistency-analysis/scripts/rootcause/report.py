@@ -15,8 +15,9 @@ from .evidence import Evidence
 from .triage import Triage
 
 # 3.0: next_checks are {check, command}; answer; confidence_text. 3.1: logprobs. 3.2: logprobs 2.0
-# (noise, the one verdict on the log-probs; consistency of the dumps with the files).
-SCHEMA_VERSION = "3.2"
+# (noise, the one verdict on the log-probs; consistency of the dumps with the files). 3.3: one root
+# cause per module, category and side; evidence.other_calls where it was found again.
+SCHEMA_VERSION = "3.3"
 REPORT = "output_5_root_cause_report.json"
 # Written by the agent from REPORT; a new REPORT makes an existing one stale.
 AGENT_REPORT = "output_5_root_cause_report.md"

@@ -697,6 +697,7 @@ def run(ev: Evidence) -> Triage:
         entry = _before_range(ev, comp)
         if entry is not None:
             found.append(entry)
+    found = _one_per_module(ev, found)
     _propagation_examples(ev, tri, found)
     share = tri.precision["dtype_differs_share"]
     precision_found = [f for f, _ in found if f["evidence"].get("precision_boundary")]
@@ -752,6 +753,36 @@ def _carried_in_note(ev: Evidence) -> list[str]:
             f"rerun with --model set to the checkpoint folder both engines loaded (and --token-ids with the ids "
             f"they ran, which a statistics dump of a prefill cannot give) to hold each side against the "
             f"checkpoint's forward"]
+
+
+def _one_per_module(ev: Evidence, found: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
+    """One finding per module, category and side. A module whose calls the dumps hold as entries of
+    their own (calls that do not fold: a trainer's micro-batches of different lengths) is a pair per
+    call, and one fault in it, such as a stale weight, is found again at each: that is one cause
+    seen several times, not several causes. The finding kept is the most confident (the earliest
+    call among equals); ``evidence.other_calls`` names the pairs where it was found again and how
+    many pairs those modules have, so a reader can tell every call from some."""
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for fm in found:
+        f = fm[0]
+        groups.setdefault((f["category"], f.get("side"), _module_key(f)), []).append(fm)
+    kept_ids = set()
+    for members in groups.values():
+        kept = max(members, key=lambda fm: fm[0]["confidence"])     # max keeps the first of equals
+        again = [m["pid"] for f, m in members if f is not kept[0]]
+        kept[0]["evidence"]["other_calls"] = None
+        if again:
+            f = kept[0]
+            calls = sum(1 for x in ev.modules if _module_key({"train_module": _path_names(x["train_modules"]),
+                                                               "rollout_module": _path_names(x["rollout_modules"])})
+                        == _module_key(f))
+            f["evidence"]["other_calls"] = {"pairs": again, "pairs_of_these_modules": calls}
+            f["confidence_notes"] = list(f.get("confidence_notes") or []) + [
+                f"found the same at {len(again)} other call(s) of these modules, which the dumps hold apart "
+                f"({len(members)} of their {calls} pairs; pairs {', '.join(again[:5])}"
+                f"{', ...' if len(again) > 5 else ''})"]
+        kept_ids.add(id(kept))
+    return [fm for fm in found if id(fm) in kept_ids]
 
 
 def _with_reference(ev: Evidence, found: list[tuple[dict, dict]], ref_found: list[dict],
