@@ -8,6 +8,7 @@ from . import vocabulary
 from .analysis import RANK_MEANINGS, ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
+from .compare.sides import as_dict
 from .plan import MappingPlan
 from .points import is_parameter_name
 from .naming import ModuleRecord
@@ -203,7 +204,7 @@ def logits_view(results: list[Result]) -> dict | None:
     if r.logprob is not None:
         return {"kind": "per_token_logprob", **base,
                 **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level", "tokens")}}
-    return {"kind": "logits_statistics", **base, "stat_errors": r.stat_errors}
+    return {"kind": "logits_statistics", **base, "stat_errors": as_dict(r.stat_errors)}
 
 
 def _ref_cells(ref: dict | None) -> list:

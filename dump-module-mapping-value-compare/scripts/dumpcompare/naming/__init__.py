@@ -45,7 +45,7 @@ class ModuleRecord:
     role: str | None           # None when no rule explains the key
     block: str
     family: str
-    parts: list[str] = field(default_factory=list)
+    parts: tuple[str, ...] = ()     # a fused module's parts; the empty tuple shared by all others
     ports: list[Port] = field(default_factory=list)
     is_wrapper: bool = False
     calls: int = 1             # repeated calls folded into this entry
@@ -354,7 +354,7 @@ def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) ->
         block = "wrapper" if is_wrapper else (rule.get("block", "other") if rule else _guess_block(local))
         recs.append(ModuleRecord(side, e.order, e.key, "module", e.direction, path, e.raw_path, e.cls,
                                  e.call, layer, local, role, block, fam,
-                                 parts=list(rule.get("parts", [])) if rule and not is_wrapper else [],
+                                 parts=tuple(rule.get("parts", ())) if rule and not is_wrapper else (),
                                  is_wrapper=is_wrapper, calls=e.n_calls))
     layers = [r.layer for r in recs if r.layer is not None and r.kind == "module"]
     last_layer = max(layers) if layers else None
