@@ -71,3 +71,17 @@ def test_a_result_without_notes_is_written_with_an_empty_list_and_notes_add_in_o
     res.note("first", "second")
     res.note("third")
     assert json.loads(outputs._compact(res))["notes"] == ["first", "second", "third"]
+
+
+def test_the_zero_differences_of_equal_statistics_are_one_shared_float():
+    # Half the statistics errors of the many-module pair are zero: one object, not one per value.
+    t = Stats(2.0, -1.0, 0.5, 4.0, 16, "torch.float32")
+    r = Stats(2.0, -1.0, 0.5 + 2 ** -20, 4.0, 16, "torch.float32")
+    e = as_dict(stat_errors(t, r))
+    zeros = [v for k, v in e.items() if not k.startswith("mean") and k != "scaled_error"]
+    assert zeros == [0.0] * 6 and all(v is zeros[0] for v in zeros)
+    assert e["mean_diff"] == 2 ** -20 and e["scaled_error"] > 0
+    assert stat_errors(t, t)["scaled_error"] is zeros[0]
+    # A negative zero stays what it is (written as -0.0).
+    neg = stat_errors(Stats(0.0, 0.0, None, None, 4, "torch.float32"), Stats(-0.0, 0.0, None, None, 4, "torch.float32"))
+    assert math.copysign(1.0, neg["max_diff"]) == -1.0 and neg["max_rel"] == 0.0

@@ -127,7 +127,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
                 "train_modules": [train[i].path for i in p.train],
                 "rollout_modules": [rollout[i].path for i in p.rollout],
                 "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
-                "aligned_by": p.aligned_by, "note": p.note, "points": p.points}
+                "aligned_by": p.aligned_by, "note": p.note, "points": dict(p.points)}
     def one_sided(o) -> dict:
         return {**_one_sided_record(o, recs[o.side][o.rec]),
                 "points": {io: [p.point for p in recs[o.side][o.rec].ports if p.io == io]

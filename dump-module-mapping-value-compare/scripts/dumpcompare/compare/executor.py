@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,7 +40,7 @@ class SideView:
     """What the executor needs from one side: its dump (for tensor files), leaves, family."""
     dump: Dump
     family: str
-    leaves: list[dict[str, Leaf]]     # per record index: leaf name -> Leaf
+    leaves: Sequence[Mapping[str, Leaf]]     # per record index: leaf name -> Leaf (leafindex.py)
     paths: list[str]
     keys: list[str]
 

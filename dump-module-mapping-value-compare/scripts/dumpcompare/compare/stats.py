@@ -215,14 +215,18 @@ def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> StatErrors:
     """stat_errors for one call of floats, in float arithmetic: the same IEEE operations in the same
     order as stat_error_calls, so the same values, None where it has NaN (no value);
     tests/compare/test_stats_floats.py holds the two to each other."""
+    # A clean pair's statistics are mostly equal (half the values of the many-module pair are zero):
+    # each +0.0 is the one object, not a float of its own held by every result.
     vals: list[float | None] = []       # StatErrors' order: diff and rel of max, min, mean, norm
-    isfinite = math.isfinite
+    isfinite, copysign = math.isfinite, math.copysign
     for x, y in ((t.max, r.max), (t.min, r.min), (t.mean, r.mean), (t.norm, r.norm)):
         if x is None or y is None or not (isfinite(x) and isfinite(y)):
             vals += (None, None)
             continue
         d = y - x
-        vals += (d, abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else _INF))
+        if not d and copysign(1.0, d) > 0:
+            d = 0.0
+        vals += (d, (abs(d) / abs(x) if d else 0.0) if x != 0 else (0.0 if d == 0 else _INF))
     amax = _fmax([abs(x) if isfinite(x) else _NAN for x in (t.max, t.min, r.max, r.min) if x is not None])
     scaled = []
     tn, rn, nd = t.norm, r.norm, vals[6]
@@ -251,4 +255,4 @@ def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> StatErrors:
             s = _ratio_float(dd, amax)
         scaled.append(_NAN if dd != dd else s)
     err = _fmax(scaled)
-    return StatErrors(*vals, None if err != err else err)
+    return StatErrors(*vals, None if err != err else 0.0 if err == 0 else err)
