@@ -86,3 +86,34 @@ def test_result_sides_share_the_lists_they_hold_alike(tmp_path):
     assert a.train["modules"] is b.train["modules"] and a.train["modules"] == [a.train["modules"][0]]
     float32 = [r.train["dtypes"] for r in results if r.train["dtypes"] == ["torch.float32"]]
     assert len(float32) > 10 and all(d is float32[0] for d in float32)
+
+
+def test_later_calls_point_names_are_one_copy_across_ports_and_sides(tmp_path):
+    # A producer's output and its consumer's input name one point, and so does the other side's
+    # port: made per port, 56k names of 21k distinct ones over many modules; one copy each is kept.
+    import sys
+    from pathlib import Path
+
+    from dumpcompare import cli
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    sys.path.insert(0, str(tools))
+    try:
+        import manydump
+    finally:
+        sys.path.remove(str(tools))
+    manydump.write_pair(tmp_path / "pair", calls=3, layers=2)
+    args = cli.build_parser().parse_args(["--train", str(tmp_path / "pair" / "train"), "--rollout",
+                                          str(tmp_path / "pair" / "rollout"), "--out-dir", str(tmp_path / "out"),
+                                          "--quiet"])
+    setup = cli._setup(args)
+    recs = cli._load(args, setup).recs
+    later = [p.point for s in ("train", "rollout") for r in recs[s] if r.call for p in r.ports]
+    by_value: dict[str, list[str]] = {}
+    for point in later:
+        by_value.setdefault(point, []).append(point)
+    assert "L0.resid_out@1" in by_value and len(by_value["L0.resid_out@1"]) >= 3
+    assert all(x is copies[0] for copies in by_value.values() for x in copies)
+    # The train side's name of call 1's residual stream is the very object the rollout side holds.
+    held = {s: [p.point for r in recs[s] if r.call == 1 for p in r.ports if p.point == "L0.resid_out@1"]
+            for s in ("train", "rollout")}
+    assert held["train"] and held["rollout"] and held["train"][0] is held["rollout"][0]

@@ -14,7 +14,7 @@ from . import checkpoint, reference, reffit, refforward, replay, token_ids
 from . import documents as D
 from . import htmlreport, passthrough, plan_io, value_align
 from .analysis import analyse
-from .compare import Executor, SideView
+from .compare import EntryLeaves, Executor, SideView
 from .errors import InputError
 from .gcpause import collector_paused
 from .loaders import FORMATS
@@ -214,7 +214,7 @@ def _compare(args: argparse.Namespace, setup: _Setup, loaded: _Loaded) -> _Compa
                           functools.partial(value_align.align, values=values))
     plan = replace(plan, one_sided=passthrough.mark(plan.one_sided, {s: dumps[s].entries for s in dumps}))
     views = {s: SideView(dumps[s], LAYOUT_FAMILY.get(dumps[s].layout, loaded.families[s]),
-                         [{lf.name: lf for lf in e.leaves} for e in dumps[s].entries],
+                         EntryLeaves(dumps[s].entries),
                          [r.path for r in recs[s]], [r.key for r in recs[s]]) for s in dumps}
     use_tensors = not args.statistics_only
     tensor_files = use_tensors and any(lf.data_name for d in dumps.values() for e in d.entries for lf in e.leaves)

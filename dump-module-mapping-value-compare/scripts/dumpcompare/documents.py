@@ -8,6 +8,7 @@ from . import vocabulary
 from .analysis import RANK_MEANINGS, ModuleVerdict
 from .compare import Result
 from .compare.logprob import LOGITS_POINT
+from .compare.sides import as_dict
 from .plan import MappingPlan
 from .points import is_parameter_name
 from .naming import ModuleRecord
@@ -126,7 +127,7 @@ def output_2(plan: MappingPlan, train: list[ModuleRecord], rollout: list[ModuleR
                 "train_modules": [train[i].path for i in p.train],
                 "rollout_modules": [rollout[i].path for i in p.rollout],
                 "train_keys": [train[i].key for i in p.train], "rollout_keys": [rollout[i].key for i in p.rollout],
-                "aligned_by": p.aligned_by, "note": p.note, "points": p.points}
+                "aligned_by": p.aligned_by, "note": p.note, "points": dict(p.points)}
     def one_sided(o) -> dict:
         return {**_one_sided_record(o, recs[o.side][o.rec]),
                 "points": {io: [p.point for p in recs[o.side][o.rec].ports if p.io == io]
@@ -203,7 +204,7 @@ def logits_view(results: list[Result]) -> dict | None:
     if r.logprob is not None:
         return {"kind": "per_token_logprob", **base,
                 **{k: v for k, v in r.logprob.items() if k not in ("abs_diff", "clean_level", "tokens")}}
-    return {"kind": "logits_statistics", **base, "stat_errors": r.stat_errors}
+    return {"kind": "logits_statistics", **base, "stat_errors": as_dict(r.stat_errors)}
 
 
 def _ref_cells(ref: dict | None) -> list:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from .gcpause import collector_paused
 from .naming import ModuleRecord, Namer
-from .plan import Aligned, Carrier, MappingPlan, OneSided, Pair, PointPlan
+from .plan import Aligned, Carrier, MappingPlan, OneSided, Pair, PointPlan, PortPoints
 from .points import at_call, is_parameter_name
 from .records import FORWARD
 
@@ -119,18 +119,10 @@ def build_plan(train: list[ModuleRecord], rollout: list[ModuleRecord], namer: Na
     return MappingPlan(pairs, one_sided, comparisons, unmatched)
 
 
-def _points_of(recs: list[ModuleRecord], shared: set[int] | None = None) -> dict[str, list[str]]:
-    """The points records carry, per io, each once in the order first carried (dicts as ordered
-    sets: one operation per port). One record sharing no point (``shared``, _side_carriers)
-    carries each of its points once: its ports are the answer."""
-    if shared is not None and len(recs) == 1 and recs[0].index not in shared:
-        ports = recs[0].ports
-        return {io: [p.point for p in ports if p.io == io] for io in ("in", "out", "param")}
-    seen: dict[str, dict[str, None]] = {"in": {}, "out": {}, "param": {}}
-    for r in recs:
-        for port in r.ports:
-            seen[port.io][port.point] = None
-    return {io: list(points) for io, points in seen.items()}
+def _points_of(recs: list[ModuleRecord], shared: set[int] | None = None) -> PortPoints:
+    """The points records carry, per io (PortPoints). One record sharing no point (``shared``,
+    _side_carriers) carries each of its points once: its ports are the answer."""
+    return PortPoints(recs, shared is not None and len(recs) == 1 and recs[0].index not in shared)
 
 
 def _aligned_points(pair: Pair, a: Aligned) -> list[PointPlan]:
@@ -358,7 +350,7 @@ def _plan_points(sides, holders: dict[str, tuple]) -> tuple[list[PointPlan], dic
         axis = "rows" if is_parameter_name(point) or _is_param(point, tr, ro) else "features"
         lt = tlay.get(point) if tlay else None
         lr = rlay.get(point) if rlay else None
-        heads = _head_carriers(point, {"train": lt, "rollout": lr}, carriers) if lt or lr else []
+        heads = _head_carriers(point, {"train": lt, "rollout": lr}, carriers) if lt or lr else ()
         plans.append(PointPlan("", point, kind, axis, tr, ro, lt, lr, stitched=stitched, heads=heads))
 
     stitch = _stitch_groups(carriers, sides)

@@ -3,6 +3,7 @@ comparisons, and the pairs value alignment finds. Plain data: the planner (mappi
 alignment (value_align.py) build them, the executor, the analysis and the writers read them."""
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from .naming import ModuleRecord
@@ -30,11 +31,45 @@ class PointPlan:
     pair: str | None = None    # set when the comparison reads one pair's own leaves
     stitched: str | None = None  # side whose calls 0..n are concatenated along the tokens
     # Leaves whose shapes give the attention head size, for a fused qkv in a per-group layout:
-    # (what, side, carrier), see _head_carriers.
-    heads: list[tuple[str, str, Carrier]] = field(default_factory=list)
+    # (what, side, carrier), see _head_carriers; the empty tuple, shared, for every other point.
+    heads: list[tuple[str, str, Carrier]] | tuple = ()
 
 
-@dataclass
+# A module's points by how it holds them (output_2 ``Pair.points``).
+IOS = ("in", "out", "param")
+
+
+class PortPoints(Mapping):
+    """A pair's points per io, read from its records' ports each time they are asked for: each point
+    once, in the order first carried. Kept as lists, the points of the many-module pair's 8k pairs
+    held 3.7 MB through the writing of the outputs; the ports hold them already, and they are read
+    a few times (the analysis, output_2)."""
+    __slots__ = ("_recs", "_own")
+
+    def __init__(self, recs: list[ModuleRecord], own: bool):
+        # ``own``: one record that shares no point with another port, whose ports are the answer.
+        self._recs, self._own = recs, own
+
+    def __getitem__(self, io: str) -> list[str]:
+        if io not in IOS:
+            raise KeyError(io)
+        if self._own:
+            return [p.point for p in self._recs[0].ports if p.io == io]
+        seen: dict[str, None] = {}          # an ordered set
+        for r in self._recs:
+            for port in r.ports:
+                if port.io == io:
+                    seen[port.point] = None
+        return list(seen)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(IOS)
+
+    def __len__(self) -> int:
+        return len(IOS)
+
+
+@dataclass(slots=True)
 class Pair:
     """A train <-> rollout module correspondence."""
     pid: str
@@ -45,11 +80,11 @@ class Pair:
     block: str
     role: str | None
     note: str | None = None
-    points: dict[str, list[str]] = field(default_factory=lambda: {"in": [], "out": [], "param": []})
+    points: dict[str, list[str]] | PortPoints = field(default_factory=lambda: {io: [] for io in IOS})
     aligned_by: str = "names"  # names | values | order (value_align.py)
 
 
-@dataclass
+@dataclass(slots=True)
 class OneSided:
     """A forward module with no counterpart on the other side."""
     side: str

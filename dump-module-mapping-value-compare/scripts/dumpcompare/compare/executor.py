@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,6 +22,7 @@ from . import params as P
 from . import tensors as T
 from . import sources
 from .lineup import sampled_rows
+from .sides import Side, SideStats, StatErrors, with_stats
 from .layout import GROUPED, gather_rank_qkv, interleave_parts, qkv_split, regroup_qkv, size_relation, trim_padding
 from .logprob import LOGITS_POINT, TOKENS_POINT, LogProbs, token_ids
 from .sources import Blocks, Leafsrc, block_ranges
@@ -38,7 +40,7 @@ class SideView:
     """What the executor needs from one side: its dump (for tensor files), leaves, family."""
     dump: Dump
     family: str
-    leaves: list[dict[str, Leaf]]     # per record index: leaf name -> Leaf
+    leaves: Sequence[Mapping[str, Leaf]]     # per record index: leaf name -> Leaf (leafindex.py)
     paths: list[str]
     keys: list[str]
 
@@ -55,12 +57,13 @@ class Result:
     error: float | None
     tolerance: float | None
     strict_tolerance: float | None
-    train: dict[str, Any]
-    rollout: dict[str, Any]
-    stat_errors: dict[str, Any] = field(default_factory=dict)
+    train: Side | dict[str, Any]     # sides.py; read as the dicts they are written as
+    rollout: Side | dict[str, Any]
+    stat_errors: StatErrors | dict[str, Any] = field(default_factory=dict)
     tensor_metrics: dict[str, Any] | None = None
     reason: str | None = None
-    notes: list[str] = field(default_factory=list)
+    # A result without notes (nearly all) shares the empty tuple: note() makes its own list.
+    notes: list[str] | tuple[str, ...] = ()
     dtype_differs: bool = False
     pair: str | None = None            # set when the comparison reads one pair's own leaves
     calls: dict[str, Any] | None = None  # folded modules: how the calls compared (output_3 ``calls``)
@@ -71,6 +74,11 @@ class Result:
     skip: Skip | None = None
     # One side one token row more, statistics only: the bounds checked and the one broken (bounds.py).
     bounds: dict[str, Any] | None = None
+
+    def note(self, *texts: str) -> None:
+        """Add notes (output_3 ``notes``) after those the result holds."""
+        if texts:
+            self.notes = [*self.notes, *texts]
 
     def skipped(self, code: str, reason: str) -> None:
         """Record that the comparison did not happen (a code of skips.SKIP_CODES) and why.
@@ -106,7 +114,7 @@ def _at(s: Stats, i: int) -> Stats:
                  s.numel, s.dtype, s.is_int)
 
 
-def _describe(view: SideView, carriers: list[Carrier], stitched: bool, shared: dict) -> dict:
+def _describe(view: SideView, carriers: list[Carrier], stitched: bool, shared: dict) -> Side | dict:
     """A result's side (output_3 ``Side``): modules, keys, leaves, dtypes, shapes and merges of the
     carriers; ``shared`` maps a value to the one-element list of it already made."""
     if len(carriers) == 1:
@@ -130,13 +138,14 @@ def _describe(view: SideView, carriers: list[Carrier], stitched: bool, shared: d
         shapes = [list(lf.shape) if lf and lf.shape is not None else None for lf in got]
         merges = [lf.merge if lf else None for lf in got]
     # merges: how tensor-parallel ranks were joined into each leaf (unshard.py); null: one rank.
-    out = {"modules": modules, "keys": keys, "leaves": leaves, "dtypes": dtypes, "shapes": shapes, "merges": merges}
     if stitched:
         runs = [calls_held(lf) for lf in got]
         if max(runs, default=1) > 1:
-            # A stitched record that the loader folded holds several calls, from its key on.
-            out["calls"] = runs
-    return out
+            # A stitched record that the loader folded holds several calls, from its key on: a dict,
+            # as the few sides with a member the record lacks.
+            return {"modules": modules, "keys": keys, "leaves": leaves, "dtypes": dtypes, "shapes": shapes,
+                    "merges": merges, "calls": runs}
+    return Side(modules, keys, leaves, dtypes, shapes, merges)
 
 
 def side_call_keys(side: dict) -> list[str]:
@@ -154,8 +163,8 @@ def _shapes_text(side: dict) -> str:
     return "[" + ", ".join(f"{s} x {n} calls" if n > 1 else str(s) for s, n in zip(side["shapes"], runs)) + "]"
 
 
-def _stats_dict(s: Stats) -> dict:
-    return {"max": s.max, "min": s.min, "mean": s.mean, "norm": s.norm, "numel": s.numel}
+def _side_stats(s: Stats) -> SideStats:
+    return SideStats(s.max, s.min, s.mean, s.norm, s.numel)
 
 
 class Executor:
@@ -209,7 +218,7 @@ class Executor:
         res = Result(plan.cid, plan.point, plan.kind, plan.axis, "statistics", "incomparable", None, None, None,
                      _describe(self.t, plan.train, plan.stitched == "train", self._shared),
                      _describe(self.r, plan.rollout, plan.stitched == "rollout", self._shared), pair=plan.pair)
-        res.notes += notes
+        res.note(*notes)
         if any(lf is None for lf in tl + rl):
             res.skipped("missing_leaf", "a planned leaf is missing from the dump")
             return res
@@ -222,19 +231,19 @@ class Executor:
             # The parts side's statistics as the merged fused side lays them out: k and v r times.
             parts = tparts if side == "train" else rparts
             parts[:] = [parts[0]] + [parts[1]] * r + [parts[2]] * r
-            res.notes.append(f"k and v replicated on {r} tensor-parallel ranks (fewer KV heads than ranks): "
+            res.note(f"k and v replicated on {r} tensor-parallel ranks (fewer KV heads than ranks): "
                              f"the {side} parts are combined with k and v counted {r} times")
         ts, rs = combine(tparts), combine(rparts)
         if rep is None and fused_kv_replicated(plan.point, tl, rl):
             # Max and Min ignore duplicates; Mean and Norm need the parts, which the dump lacks.
             ts, rs = (replace(x, mean=None, norm=None, numel=None) for x in (ts, rs))
             rep = ("both", 0)
-            res.notes.append("only Max/Min compared: one side's fused qkv holds replicated KV heads (fewer KV "
+            res.note("only Max/Min compared: one side's fused qkv holds replicated KV heads (fewer KV "
                              "heads than tensor-parallel ranks) and the dump has no per-part statistics")
         errors = None
         if max(kt, kr) > 1:
             ts, rs, errors = self._pick_call(res, ts, rs, kt, kr, k, tl[0].dtype, rl[0].dtype)
-        res.train["stats"], res.rollout["stats"] = _stats_dict(ts), _stats_dict(rs)
+        res.train, res.rollout = with_stats(res.train, _side_stats(ts)), with_stats(res.rollout, _side_stats(rs))
         dt, dr = tl[0].dtype, rl[0].dtype
         res.dtype_differs = dtype_key(dt) != dtype_key(dr)
         if is_int_dtype(dt) != is_int_dtype(dr):
@@ -242,7 +251,7 @@ class Executor:
             return res
         tensors = self._tensors(plan, tl, rl, res) if self.use_tensors and rep is None else None
         if rep is not None and self.use_tensors and all(lf.data_name for lf in tl + rl):
-            res.notes.append("replicated KV heads are compared by statistics (tensor regrouping not done)")
+            res.note("replicated KV heads are compared by statistics (tensor regrouping not done)")
         if tensors is None and trim and self.bounds and self._judge_bounds(res, trim, tparts, rparts, tl, rl, dt, dr):
             return res
         if tensors is None and trim:
@@ -297,8 +306,8 @@ class Executor:
                                 (("match", 0), ("drift", 1), ("mismatch", 2), ("nonfinite", 3),
                                  ("incomparable", -1)) if (sev == code).any()}}
         if kt != kr:
-            res.notes.append(f"train has {kt} calls, rollout {kr}: the first {k} are compared call by call")
-        errors = {name: None if math.isnan(v[worst]) else float(v[worst]) for name, v in per_call.items()}
+            res.note(f"train has {kt} calls, rollout {kr}: the first {k} are compared call by call")
+        errors = StatErrors(**{name: None if math.isnan(v[worst]) else float(v[worst]) for name, v in per_call.items()})
         return (_at(ts, worst), _at(rs, worst), errors) if k > 1 else (ts, rs, errors)
 
     def _stat_tolerances(self, dt, dr) -> tuple[float, float]:
@@ -308,7 +317,7 @@ class Executor:
             got = self._stat_tol[(dt, dr)] = pair_tolerances(self.tol["statistics"], dt, dr)
         return got
 
-    def _judge_stats(self, plan, res: Result, ts: Stats, rs: Stats, dt, dr, errors: dict | None = None) -> None:
+    def _judge_stats(self, plan, res: Result, ts: Stats, rs: Stats, dt, dr, errors: StatErrors | None = None) -> None:
         tol, strict = self._stat_tolerances(dt, dr)
         res.tolerance, res.strict_tolerance = tol, strict
         if ts.numel is not None and rs.numel is not None and ts.numel != rs.numel:
@@ -394,7 +403,7 @@ class Executor:
                 try:
                     opened = [tensorio.open_tensor(tensorio.resolve_data_file(*f)) for f in files]
                 except tensorio.TensorReadError as exc:
-                    res.notes.append(f"tensor unavailable, statistics used instead: {exc}")
+                    res.note(f"tensor unavailable, statistics used instead: {exc}")
                     res.skip = Skip("tensor_unavailable", str(exc))
                     return None
                 if len({raw for _, raw in opened}) > 1:       # ranks stored in different dtypes
@@ -488,11 +497,11 @@ class Executor:
                 fin_t, fin_r = np.isfinite(t), np.isfinite(r)
                 nonfinite = nonfinite or bool((fin_t != fin_r).any())
                 acc.add(np.where(fin_t, t, 0.0), np.where(fin_r, r, 0.0), row0)
-        res.notes += notes
-        for side, mom in zip((res.train, res.rollout), moments):
-            side["stats"] = dict(zip(("max", "min", "mean", "norm"), mom.result()), numel=mom.size)
+        res.note(*notes)
+        res.train, res.rollout = (with_stats(side, SideStats(*mom.result(), mom.size))
+                                  for side, mom in zip((res.train, res.rollout), moments))
         if streamed:
-            res.notes.append("compared block by block along the "
+            res.note("compared block by block along the "
                              + ("tokens" if plan.axis == "features" else "rows or columns"))
         if nonfinite:
             res.status, res.error, res.reason = "nonfinite", math.inf, "NaN/Inf on one side only"

@@ -16,12 +16,12 @@ from typing import Union
 
 import numpy as np
 
+from .sides import StatErrors
+
 Value = Union[float, np.ndarray, None]
 ATTRS = ("max", "min", "mean", "norm")
-# The keys of every statistics error record, made once: 21k results over many modules held 200k
-# copies of the same few names.
+# The names of stat_error_calls' arrays (sides.StatErrors' fields), made once.
 _DIFF_REL = {a: (f"{a}_diff", f"{a}_rel") for a in ATTRS}
-_DIFF_RELS = tuple(_DIFF_REL[a] for a in ATTRS)
 
 
 @dataclass
@@ -186,12 +186,12 @@ def stat_error_calls(t: Stats, r: Stats, extremes: bool = True) -> dict[str, np.
     return out
 
 
-def stat_errors(t: Stats, r: Stats, extremes: bool = True) -> dict:
+def stat_errors(t: Stats, r: Stats, extremes: bool = True) -> StatErrors:
     """Raw and scaled differences between two one-call statistics sets (None where there is none);
     ``extremes`` as stat_error_calls has it."""
     if _floats(t, r):
         return _float_errors(t, r, extremes)
-    return {k: _scalar(v) for k, v in stat_error_calls(t, r, extremes).items()}
+    return StatErrors(**{k: _scalar(v) for k, v in stat_error_calls(t, r, extremes).items()})
 
 
 _INF, _NAN = math.inf, math.nan
@@ -211,28 +211,31 @@ def _ratio_float(num: float, den: float) -> float:
     return abs(num) / den if _truthy_float(den) else (0.0 if num == 0 else _INF)
 
 
-def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> dict[str, float | None]:
+def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> StatErrors:
     """stat_errors for one call of floats, in float arithmetic: the same IEEE operations in the same
     order as stat_error_calls, so the same values, None where it has NaN (no value);
     tests/compare/test_stats_floats.py holds the two to each other."""
-    out: dict[str, float | None] = {}
-    isfinite = math.isfinite
-    for (diff, rel), x, y in zip(_DIFF_RELS, (t.max, t.min, t.mean, t.norm), (r.max, r.min, r.mean, r.norm)):
+    # A clean pair's statistics are mostly equal (half the values of the many-module pair are zero):
+    # each +0.0 is the one object, not a float of its own held by every result.
+    vals: list[float | None] = []       # StatErrors' order: diff and rel of max, min, mean, norm
+    isfinite, copysign = math.isfinite, math.copysign
+    for x, y in ((t.max, r.max), (t.min, r.min), (t.mean, r.mean), (t.norm, r.norm)):
         if x is None or y is None or not (isfinite(x) and isfinite(y)):
-            out[diff] = out[rel] = None
+            vals += (None, None)
             continue
         d = y - x
-        out[diff] = d
-        out[rel] = abs(d) / abs(x) if x != 0 else (0.0 if d == 0 else _INF)
+        if not d and copysign(1.0, d) > 0:
+            d = 0.0
+        vals += (d, (abs(d) / abs(x) if d else 0.0) if x != 0 else (0.0 if d == 0 else _INF))
     amax = _fmax([abs(x) if isfinite(x) else _NAN for x in (t.max, t.min, r.max, r.min) if x is not None])
     scaled = []
-    tn, rn, nd = t.norm, r.norm, out["norm_diff"]
+    tn, rn, nd = t.norm, r.norm, vals[6]
     nd = _NAN if nd is None else nd
     if tn is not None and rn is not None:
         # np.maximum propagates NaN where max() would not.
         denom = _NAN if tn != tn or rn != rn else max(abs(tn), abs(rn))
         scaled.append(_NAN if nd != nd else (abs(nd) / denom if denom > 0 else 0.0))
-    md = out["mean_diff"]
+    md = vals[4]
     md = _NAN if md is None else md
     if t.mean is not None and r.mean is not None:
         rms = _NAN
@@ -241,7 +244,7 @@ def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> dict[str, float 
             rms = max(abs(tn), abs(rn)) / count if isfinite(tn) and isfinite(rn) else _NAN
         scale = rms if _truthy_float(rms) else amax
         scaled.append(_NAN if md != md else _ratio_float(md, scale))
-    for dd, x, y in ((out["max_diff"], t.max, r.max), (out["min_diff"], t.min, r.min)) if extremes else ():
+    for dd, x, y in ((vals[0], t.max, r.max), (vals[2], t.min, r.min)) if extremes else ():
         if x is None or y is None:
             continue
         if dd is None:
@@ -252,5 +255,4 @@ def _float_errors(t: Stats, r: Stats, extremes: bool = True) -> dict[str, float 
             s = _ratio_float(dd, amax)
         scaled.append(_NAN if dd != dd else s)
     err = _fmax(scaled)
-    out["scaled_error"] = None if err != err else err
-    return out
+    return StatErrors(*vals, None if err != err else 0.0 if err == 0 else err)

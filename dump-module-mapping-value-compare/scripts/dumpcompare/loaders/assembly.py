@@ -50,8 +50,9 @@ def assemble_sides(plan: InputPlan, namer: Namer, families: dict, *, fold: bool 
         jobs = 1
     stream = load_files(paths, functools.partial(load_input, fold=fold), jobs, progress)
     out = {}
+    made: dict[str, str] = {}       # point names both sides' records share (naming.name_side)
     for s in SIDES:
-        out[s] = _assemble(plan.side(s), _ranks(plan.side(s), stream, fmt), namer, families.get(s))
+        out[s] = _assemble(plan.side(s), _ranks(plan.side(s), stream, fmt), namer, families.get(s), made)
     return out
 
 
@@ -70,7 +71,7 @@ def _checked(dump: Dump, fmt: str) -> Dump:
     return dump
 
 
-def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None) -> Side:
+def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None, made: dict[str, str]) -> Side:
     """One logical dump of a side: steps joined per rank, then the ranks merged as their content
     says (tensor-parallel shards, pipeline stages)."""
     # The token count tells a sequence-parallel slice from a feature shard (unshard.RuleFacts.rule).
@@ -91,7 +92,7 @@ def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None) -> Side:
             if mods in merges:
                 merges[mods][0].add(part)
             else:
-                fam, recs = name_side(part, side.side, namer, family)
+                fam, recs = name_side(part, side.side, namer, family, made)
                 merges[mods] = (RankMerge(part, recs, rules), fam)
             del part
         del dump
@@ -110,7 +111,7 @@ def _assemble(side: SidePlan, ranks, namer: Namer, family: str | None) -> Side:
     if side.notes:
         dump = replace(dump, notes=[*side.notes, *dump.notes])
     if len(stages) > 1:
-        fam, recs = name_side(dump, side.side, namer, family)
+        fam, recs = name_side(dump, side.side, namer, family, made)
     else:
         fam, recs = merges[modules[0]][1], stages[0].recs
     return Side(dump, fam, recs, layout)

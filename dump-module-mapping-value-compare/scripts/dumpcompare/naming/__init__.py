@@ -45,7 +45,7 @@ class ModuleRecord:
     role: str | None           # None when no rule explains the key
     block: str
     family: str
-    parts: list[str] = field(default_factory=list)
+    parts: tuple[str, ...] = ()     # a fused module's parts; the empty tuple shared by all others
     ports: list[Port] = field(default_factory=list)
     is_wrapper: bool = False
     calls: int = 1             # repeated calls folded into this entry
@@ -209,16 +209,18 @@ class Namer:
         return [t for _, t in chain]
 
     def ports_for(self, rec: ModuleRecord, entry: Entry, last_layer: int | None,
-                  layer_roles: dict) -> list[Port]:
+                  layer_roles: dict, made: dict[str, str] | None = None) -> list[Port]:
         """Assign points to the leaves of one forward entry.
 
         Points of a later call (``forward.1``, a decode step or a recompute) carry ``@<call>`` so
-        that calls meet their own counterparts, or are stitched onto the first call.
+        that calls meet their own counterparts, or are stitched onto the first call. ``made``: such
+        names already made (by value), whose copy is taken instead of a new one.
         """
         ports = self._ports(rec, entry, last_layer, layer_roles)
         if rec.call:
             for p in ports:
-                p.point = "+".join(f"{part}@{rec.call}" for part in p.point.split("+"))
+                point = "+".join(f"{part}@{rec.call}" for part in p.point.split("+"))
+                p.point = point if made is None else made.setdefault(point, point)
         return ports
 
     def _ports(self, rec: ModuleRecord, entry: Entry, last_layer: int | None, layer_roles: dict) -> list[Port]:
@@ -336,8 +338,15 @@ def canonical_point(p: str) -> str:
     return p
 
 
-def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) -> tuple[str, list[ModuleRecord]]:
-    """Parse every entry of one side into records; returns (family, records in dump order)."""
+def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None,
+              made: dict[str, str] | None = None) -> tuple[str, list[ModuleRecord]]:
+    """Parse every entry of one side into records; returns (family, records in dump order).
+
+    The point names of later calls are made per port, and a producer's output and its consumer's
+    input (and the other side's same port) name the same point: one copy of each is kept, from
+    ``made`` when the caller shares it between the sides (over many modules, 56k names of 21k).
+    """
+    made = {} if made is None else made
     fam = family or namer.detect_family(dump.entries)
     recs: list[ModuleRecord] = []
     raw_paths = [e.raw_path for e in dump.entries if e.kind == "module"]
@@ -354,7 +363,7 @@ def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) ->
         block = "wrapper" if is_wrapper else (rule.get("block", "other") if rule else _guess_block(local))
         recs.append(ModuleRecord(side, e.order, e.key, "module", e.direction, path, e.raw_path, e.cls,
                                  e.call, layer, local, role, block, fam,
-                                 parts=list(rule.get("parts", [])) if rule and not is_wrapper else [],
+                                 parts=tuple(rule.get("parts", ())) if rule and not is_wrapper else (),
                                  is_wrapper=is_wrapper, calls=e.n_calls))
     layers = [r.layer for r in recs if r.layer is not None and r.kind == "module"]
     last_layer = max(layers) if layers else None
@@ -363,7 +372,7 @@ def name_side(dump: Dump, side: str, namer: Namer, family: str | None = None) ->
     layer_roles = {(r.layer, r.role): r.cls for r in recs if r.direction == FORWARD and r.role}
     for r, e in zip(recs, dump.entries):
         if r.kind == "module" and r.direction == FORWARD:
-            r.ports = namer.ports_for(r, e, last_layer, layer_roles)
+            r.ports = namer.ports_for(r, e, last_layer, layer_roles, made)
     return fam, recs
 
 
