@@ -202,3 +202,37 @@ def test_tables_of_structural_pairs_list_the_first_rows_and_say_where_the_rest_a
     small = re.search(r"<summary>Structural pairs whose values agree: \d+</summary>(.*?)</details>",
                       _run(10, {}, None, root=_root(1, "P0", rows)), flags=re.S).group(1)
     assert small.count("<tr>") == rows + 1 and "holds them all" not in small
+
+
+def _heat_rows(n: int, beyond_from: int | None) -> dict:
+    """A tensor-mode output_3-like dict of ``n`` layer outputs with 8 per-token errors each, every
+    token within the tolerance (1e-4) until row ``beyond_from``, whose token 3 is 100x past it."""
+    results = []
+    for k in range(n):
+        values = [1e-6] * 8
+        if beyond_from is not None and k >= beyond_from:
+            values[3] = 1e-2
+        results.append({"cid": f"C{k}", "point": f"L{k}.resid_out", "status": "match", "error": 1e-6,
+                        "tolerance": 1e-4, "pair": None,
+                        "tensor_metrics": {"per_token": {"values": values, "bucket": 1}}})
+    return {"mode": "tensor", "results": results}
+
+
+def test_a_heat_map_of_many_layer_outputs_draws_rows_around_the_first_token_beyond_tolerance():
+    n = LIMIT + 300
+    html = htmlreport.heatmap_section(_heat_rows(n, beyond_from=200))
+    chart = _chart(html, "heatmap")
+    labels = [el.text for el in chart.iter() if el.tag.endswith("text") and (el.text or "").endswith("resid_out")]
+    start = 200 - chartwindow.BEFORE
+    assert labels == [f"L{k}.resid_out" for k in range(start, start + LIMIT)]
+    assert f"{LIMIT} of {n} layer outputs drawn</b> (rows {start + 1}-{start + LIMIT} in execution order) around " \
+           "the first with a token beyond its tolerance" in html
+    # Nothing beyond tolerance: drawn from the start, and said so.
+    calm = htmlreport.heatmap_section(_heat_rows(n, beyond_from=None))
+    assert f"(rows 1-{LIMIT} in execution order) from the start (no token beyond its tolerance)" in calm
+
+
+def test_a_heat_map_up_to_the_limit_draws_every_row():
+    html = htmlreport.heatmap_section(_heat_rows(LIMIT, beyond_from=10))
+    assert "layer outputs drawn" not in html
+    assert sum(1 for el in _chart(html, "heatmap").iter() if (el.text or "").endswith("resid_out")) == LIMIT

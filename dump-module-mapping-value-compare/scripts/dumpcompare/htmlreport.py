@@ -687,6 +687,17 @@ def heatmap_section(compare: dict) -> str:
     if not rows:
         return head + ("<p>Statistics mode: per-token errors need a tensor dump.</p>"
                        if compare.get("mode") != "tensor" else "<p>No per-token errors were recorded.</p>")
+    drawn = ""
+    if len(rows) > _WIN.LIMIT:
+        # A row per compared layer output (and call): a run of many is drawn, like the execution
+        # chart, around where it matters, the first row with a token beyond its tolerance.
+        win = _WIN.window(len(rows), next((i for i, r in enumerate(rows) if _beyond(r)), None))
+        around = ("around the first with a token beyond its tolerance" if any(_beyond(r) for r in rows[win.start:win.stop])
+                  else "from the start (no token beyond its tolerance)")
+        drawn = (f"<p class=\"drawn\"><b>{len(win)} of {len(rows)} layer outputs drawn</b> (rows {win.start + 1}-"
+                 f"{win.stop} in execution order) {around}; every row's per-token errors are in "
+                 "output_3_value_compare.json (<code>tensor_metrics.per_token</code>).</p>")
+        rows = rows[win.start:win.stop]
     ncol = max(len(r["tensor_metrics"]["per_token"]["values"]) for r in rows)
     cell, row = max(4, min(22, 900 // max(1, ncol))), 16
     left, top = 150, 20
@@ -710,8 +721,15 @@ def heatmap_section(compare: dict) -> str:
     svg = _svg(left + ncol * cell + 20, top + len(rows) * row + 40, "chart heatmap", body)
     scale = " ".join(f'<span style="background:{_heat(x)};padding:0 6px">{lab}</span>' for x, lab in
                      ((0.01, "≤0.01"), (0.5, "0.5"), (1.0, "1 = tolerance"), (10, "10"), (1000, "≥1000")))
-    return (head + "<p>Relative L2 error of each token's row, as a multiple of the tolerance "
+    return (head + drawn + "<p>Relative L2 error of each token's row, as a multiple of the tolerance "
             "(green within, red beyond).</p><p class=\"legend\">" + scale + "</p>" + _figure(svg))
+
+
+def _beyond(result: dict) -> bool:
+    """Whether a heat-map row holds a token beyond its tolerance (a non-finite error is; a missing
+    one is drawn as no error)."""
+    tol = num(result.get("tolerance")) or 1.0
+    return any((n := num(v)) is not None and not n <= tol for v in result["tensor_metrics"]["per_token"]["values"])
 
 
 def _heat(ratio: float) -> str:
