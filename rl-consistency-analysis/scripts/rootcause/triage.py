@@ -7,6 +7,7 @@ side (``sides.Structural``; sides.py decides the side).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -766,16 +767,18 @@ def _one_per_module(ev: Evidence, found: list[tuple[dict, dict]]) -> list[tuple[
     for fm in found:
         f = fm[0]
         groups.setdefault((f["category"], f.get("side"), _module_key(f)), []).append(fm)
-    kept_ids = set()
+    kept_ids, pairs_of = set(), None
     for members in groups.values():
         kept = max(members, key=lambda fm: fm[0]["confidence"])     # max keeps the first of equals
         again = [m["pid"] for f, m in members if f is not kept[0]]
         kept[0]["evidence"]["other_calls"] = None
         if again:
             f = kept[0]
-            calls = sum(1 for x in ev.modules if _module_key({"train_module": _path_names(x["train_modules"]),
-                                                               "rollout_module": _path_names(x["rollout_modules"])})
-                        == _module_key(f))
+            if pairs_of is None:        # counted once, and only when some finding repeats
+                pairs_of = Counter(_module_key({"train_module": _path_names(x["train_modules"]),
+                                                "rollout_module": _path_names(x["rollout_modules"])})
+                                   for x in ev.modules)
+            calls = pairs_of[_module_key(f)]
             f["evidence"]["other_calls"] = {"pairs": again, "pairs_of_these_modules": calls}
             f["confidence_notes"] = list(f.get("confidence_notes") or []) + [
                 f"found the same at {len(again)} other call(s) of these modules, which the dumps hold apart "
