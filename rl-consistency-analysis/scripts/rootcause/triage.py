@@ -821,7 +821,8 @@ def _from_reference_only(ev: Evidence, tri: Triage, comp: dict, ref_found: list[
     against the reference forward where it ran on both, else inconclusive."""
     between = "; ".join(comp.get("reasons", [])) or "see output_4 comparability"
     if ref_found:
-        tri.verdict, tri.root_causes = "root_cause_found", _ranked(ref_found)
+        kept = _one_per_module(ev, [(f, ev.pair(f["evidence"]["pair"])) for f in ref_found])
+        tri.verdict, tri.root_causes = "root_cause_found", _ranked([f for f, _ in kept])
         tri.notes.append(f"the two dumps were not compared with each other ({between}); the finding comes from "
                          "each side held against the reference forward of the checkpoint")
     elif (n := departures.all_match(ev)) is not None:
