@@ -10,7 +10,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Iterable, Iterator, TextIO
 
 # Read once (os.umask can only be read by setting it): the mode mkstemp's 0600 is widened to.
 _UMASK = os.umask(0)
@@ -38,9 +38,13 @@ def open_text(path: Path) -> Iterator[TextIO]:
         raise
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8, newlines as given) to ``path`` through a temporary file in the same
-    folder, replaced into place; the temporary file is removed when anything fails."""
+def write_text(path: Path, text: str | Iterable[str]) -> Path:
+    """Write ``text`` (UTF-8, newlines as given; a string, or its pieces in order, each written as it
+    comes so that a large page is never whole in memory) to ``path`` through a temporary file in
+    the same folder, replaced into place; the temporary file is removed when anything fails."""
     with open_text(path) as fh:
-        fh.write(text)
+        if isinstance(text, str):
+            fh.write(text)
+        else:
+            fh.writelines(text)
     return Path(path)

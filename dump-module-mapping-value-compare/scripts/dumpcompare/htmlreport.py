@@ -691,9 +691,10 @@ def heatmap_section(compare: dict) -> str:
     if len(rows) > _WIN.LIMIT:
         # A row per compared layer output (and call): a run of many is drawn, like the execution
         # chart, around where it matters, the first row with a token beyond its tolerance.
-        win = _WIN.window(len(rows), next((i for i, r in enumerate(rows) if _beyond(r)), None))
-        around = ("around the first with a token beyond its tolerance" if any(_beyond(r) for r in rows[win.start:win.stop])
-                  else "from the start (no token beyond its tolerance)")
+        anchor = next((i for i, r in enumerate(rows) if _beyond(r)), None)
+        win = _WIN.window(len(rows), anchor)
+        around = ("from the start (no token beyond its tolerance)" if anchor is None
+                  else "around the first with a token beyond its tolerance")
         drawn = (f"<p class=\"drawn\"><b>{len(win)} of {len(rows)} layer outputs drawn</b> (rows {win.start + 1}-"
                  f"{win.stop} in execution order) {around}; every row's per-token errors are in "
                  "output_3_value_compare.json (<code>tensor_metrics.per_token</code>).</p>")

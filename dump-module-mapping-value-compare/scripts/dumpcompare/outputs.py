@@ -128,11 +128,7 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     """Write ``text`` (a string, or its pieces in order) to ``path`` atomically (atomicfile), creating
     its folder; pieces are written as they come."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomicfile.open_text(path) as fh:
-        if isinstance(text, str):
-            fh.write(text)
-        else:
-            fh.writelines(text)
+    atomicfile.write_text(path, text)
 
 
 def remove_stale(out_dir: Path, written: tuple[str, ...]) -> None:

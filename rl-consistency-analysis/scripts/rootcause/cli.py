@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         report.write(out, doc)
         extra = logprob_tokens.html_section(doc["logprobs"]) + (
             logprob_report.html_section(doc["logprob_triage"]) if "logprob_triage" in doc else "")
-        files.write_pieces(out / report.HTML, sibling.load_html(SKILL_ROOT).pieces(ev.compare, ev.analysis, ev.sources,
-                                                                                    doc, extra))
+        files.write_text(out / report.HTML, sibling.load_html(SKILL_ROOT).pieces(ev.compare, ev.analysis, ev.sources,
+                                                                                  doc, extra))
     except (sibling.SiblingError, evidence.EvidenceError, credence.CredenceError, input_checks.InputMistake,
             logprob_inputs.LogprobInputError, logprob_noise.NoiseBandError) as exc:
         print(f"error: {safe.visible(str(exc))}", file=sys.stderr)

@@ -19,14 +19,7 @@ def json_safe(obj):
     return obj
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically, through the sibling skill's one writer (atomicfile.py)."""
+def write_text(path: Path, text: str | Iterable[str]) -> Path:
+    """Write ``text`` (or its pieces, as they come) to ``path`` atomically, through the sibling
+    skill's one writer (atomicfile.py)."""
     return sibling.load_atomicfile(sibling.SKILL_ROOT).write_text(path, text)
-
-
-def write_pieces(path: Path, pieces: Iterable[str]) -> Path:
-    """Write the text made of ``pieces`` to ``path`` atomically, each piece as it comes (a large
-    report.html is never whole in memory)."""
-    with sibling.load_atomicfile(sibling.SKILL_ROOT).open_text(path) as fh:
-        fh.writelines(pieces)
-    return Path(path)

@@ -47,6 +47,11 @@ def _path_names(paths: list[str]):
     return paths[0] if len(paths) == 1 else list(paths)
 
 
+def _named(m: dict) -> dict:
+    """The names a finding or record gives the modules of output_4 pair ``m``."""
+    return {"train_module": _path_names(m["train_modules"]), "rollout_module": _path_names(m["rollout_modules"])}
+
+
 def _results(ev: Evidence, m: dict, io: str) -> list[dict]:
     return [ev.results[p["cid"]] for p in m["points"][io] if p.get("cid") in ev.results]
 
@@ -130,8 +135,7 @@ def _scaled_copy(r: dict) -> bool:
 def _mini(m: dict | None) -> dict | None:
     if m is None:
         return None
-    return {"pair": m["pid"], "train_module": _path_names(m["train_modules"]),
-            "rollout_module": _path_names(m["rollout_modules"]), "role": m["role"],
+    return {"pair": m["pid"], **_named(m), "role": m["role"],
             "output_status": m["output_status"]}
 
 
@@ -344,8 +348,7 @@ def classify(s: Suspect) -> dict:
         "output_error_margin": s.margin,
         "diverged_calls": _diverged_calls(ev, m),
     }
-    f = {"category": rule.category, "train_module": _path_names(m["train_modules"]),
-         "rollout_module": _path_names(m["rollout_modules"]), "layer": m["layer"], "role": m["role"],
+    f = {"category": rule.category, **_named(m), "layer": m["layer"], "role": m["role"],
          "evidence": ev_info, "rules_fired": [rule.id]}
     f.update(sides.from_structure(_DECIDE[rule.id](s, f, ev_info)))
     # The numbers and the chart mark of a finding come from the pair of the modules it names (a
@@ -355,9 +358,8 @@ def classify(s: Suspect) -> dict:
 
 
 def _named_pair(ev: Evidence, f: dict) -> str | None:
-    want = (f.get("train_module"), f.get("rollout_module"))
-    return next((x["pid"] for x in ev.modules
-                 if (_path_names(x["train_modules"]), _path_names(x["rollout_modules"])) == want), None)
+    want = _module_key(f)
+    return next((x["pid"] for x in ev.modules if _module_key(_named(x)) == want), None)
 
 
 def own_pair(f: dict) -> str:
@@ -487,8 +489,7 @@ def _decide_split(s: Suspect, f: dict, ev_info: dict) -> sides.Structural:
     does not fit the split that side's code applies (references: "Fused split")."""
     _window(s, ev_info)
     prev, split = s.prev, s.split_boundary
-    f.update(train_module=_path_names(prev["train_modules"]), rollout_module=_path_names(prev["rollout_modules"]),
-             layer=prev["layer"], role=prev["role"])
+    f.update(_named(prev), layer=prev["layer"], role=prev["role"])
     ev_info["suspect_pair"] = _mini(s.m)
     ev_info["split_boundary"] = split
     layout = _layout_side(s.ev, split["cid"])
@@ -614,9 +615,7 @@ def structural_records(ev: Evidence) -> list[dict]:
     for m in ev.modules:
         if m["kind"] in FUSED_KINDS and m["status"] not in ("origin", "parameter_mismatch"):
             reason = m["note"] or "fused module compared through the combined statistics of its parts"
-            out.append({"train_module": _path_names(m["train_modules"]),
-                        "rollout_module": _path_names(m["rollout_modules"]),
-                        "values": _values(ev, m["output_status"]),
+            out.append({**_named(m), "values": _values(ev, m["output_status"]),
                         "status": m["status"], "reason": f"{m['kind']}: {reason}"})
     return out
 
@@ -675,9 +674,7 @@ def run(ev: Evidence) -> Triage:
         dropped = screen(s)
         if dropped:
             screened.add(m["pid"])
-            tri.suppressed.append({"train_module": _path_names(m["train_modules"]),
-                                   "rollout_module": _path_names(m["rollout_modules"]),
-                                   "values": "different", "reason": dropped[1], "rules_fired": [dropped[0]]})
+            tri.suppressed.append({**_named(m), "values": "different", "reason": dropped[1], "rules_fired": [dropped[0]]})
             continue
         f = classify(s)
         fixes = sides.decide(ev, f, m)
@@ -775,9 +772,7 @@ def _one_per_module(ev: Evidence, found: list[tuple[dict, dict]]) -> list[tuple[
         if again:
             f = kept[0]
             if pairs_of is None:        # counted once, and only when some finding repeats
-                pairs_of = Counter(_module_key({"train_module": _path_names(x["train_modules"]),
-                                                "rollout_module": _path_names(x["rollout_modules"])})
-                                   for x in ev.modules)
+                pairs_of = Counter(_module_key(_named(x)) for x in ev.modules)
             calls = pairs_of[_module_key(f)]
             f["evidence"]["other_calls"] = {"pairs": again, "pairs_of_these_modules": calls}
             f["confidence_notes"] = list(f.get("confidence_notes") or []) + [
@@ -860,7 +855,7 @@ def _before_range(ev: Evidence, comp: dict) -> tuple[dict, dict] | None:
     s.rule = rules.BEFORE_RANGE.id
     tokens = comp.get("tokens") or {}
     f = {"category": rules.BEFORE_RANGE.category,
-         "train_module": _path_names(entry["train_modules"]), "rollout_module": _path_names(entry["rollout_modules"]),
+         **_named(entry),
          "layer": entry["layer"], "role": entry["role"], "rules_fired": [rules.BEFORE_RANGE.id],
          **sides.from_structure(sides.Structural(None, "the first aligned modules in the dump already receive inputs "
                                                        "that differ, so the cause lies before the dumped range; the "
@@ -897,7 +892,7 @@ def _propagation_examples(ev: Evidence, tri: Triage, found) -> None:
         for x in after:
             tri.other_candidates.append({
                 "category": "upstream_propagation", **sides.carried(),
-                "train_module": _path_names(x["train_modules"]), "rollout_module": _path_names(x["rollout_modules"]),
+                **_named(x),
                 "layer": x["layer"], "role": x["role"], "confidence": rules.PROPAGATION_EXAMPLE.base,
                 "confidence_word": credence.calibrated_word(rules.PROPAGATION_EXAMPLE.base,
                                                             [rules.PROPAGATION_EXAMPLE.id]),
